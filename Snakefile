@@ -1,0 +1,22 @@
+# Regenerates every table of the encoder study. Default: the embedded config (offline, 2 cores, minutes).
+# Full study: snakemake --cores 8 all --configfile config/paper.yaml
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/export.smk"
+include: "workflow/rules/provenance.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        rules.export.input,

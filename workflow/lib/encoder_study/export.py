@@ -1,0 +1,216 @@
+"""ONNX export of a Hugging Face encoder, checked against PyTorch before anything is published.
+
+The graph: inputs `input_ids` and `attention_mask` (int64, [batch, sequence], both axes dynamic),
+output `last_hidden_state` (float32, [batch, sequence, width]); TorchScript exporter (dynamo=False),
+opset 17, eager attention so attention is plain MatMul/Softmax.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import acquire, files, manifest, provenance
+
+INPUTS = ("input_ids", "attention_mask")
+OUTPUT = "last_hidden_state"
+DYNAMIC_AXES = {
+    "input_ids": {0: "batch", 1: "sequence"},
+    "attention_mask": {0: "batch", 1: "sequence"},
+    "last_hidden_state": {0: "batch", 1: "sequence"},
+}
+# Text for the check batch: several scripts, so that unknown pieces and long words occur too.
+CHECK_TEXT = (
+    "The quick brown fox jumps over the lazy dog while the bank of the river floods. "
+    "Příliš žluťoučký kůň úpěl ďábelské ódy. Съешь же ещё этих мягких французских булок. "
+    "Ξεσκεπάζω την ψυχοφθόρα βδελυγμία. שלום עולם. مرحبا بالعالم. नमस्ते दुनिया. "
+    "สวัสดีชาวโลก 日本語のテキスト 한국어 문장. "
+)
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+class HiddenStates(torch.nn.Module):
+    """`forward(input_ids, attention_mask) -> last_hidden_state`.
+
+    Exporting a Hugging Face model directly fails in transformers 5 (keyword arguments such as
+    `use_cache` collide with the positional inputs), so the exporter sees this wrapper instead.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def load_pytorch(model_dir: str | os.PathLike) -> torch.nn.Module:
+    """The encoder in float32, eval mode, eager attention."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
+    return model.eval()
+
+
+def usable_positions(config) -> int:
+    """How many positions the model can take: XLM-R's start after padding_idx, so two fewer."""
+    n = int(config.max_position_embeddings)
+    if config.model_type in ("xlm-roberta", "roberta", "camembert"):
+        n -= int(config.pad_token_id) + 1
+    return n
+
+
+def check_batch(tokenizer_path: str | os.PathLike, config) -> tuple[np.ndarray, np.ndarray]:
+    """A right-padded batch of three texts whose lengths go beyond a local attention window."""
+    from tokenizers import Tokenizer
+
+    window = int(getattr(config, "local_attention", 0) or 0)
+    longest = min(usable_positions(config), max(48, 2 * window + 8))
+    lengths = [longest, max(window + 3, (2 * longest) // 3), 5]
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok.no_padding()
+    rows = []
+    for n in lengths:
+        tok.enable_truncation(max_length=n)
+        ids = tok.encode(CHECK_TEXT * 8).ids
+        if len(ids) != n:
+            raise ExportError(f"{tokenizer_path}: the check text gives {len(ids)} pieces, expected {n}")
+        rows.append(ids)
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+    input_ids = np.full((len(rows), longest), pad, dtype=np.int64)
+    mask = np.zeros((len(rows), longest), dtype=np.int64)
+    for i, ids in enumerate(rows):
+        input_ids[i, : len(ids)] = ids
+        mask[i, : len(ids)] = 1
+    return input_ids, mask
+
+
+def ort_session(path: str | os.PathLike, threads: int, optimization: str = "all"):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[optimization]
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@dataclass(frozen=True)
+class Settings:
+    opset: int = 17
+    tolerance: float = 1e-4  # on max_abs / max(1, largest |value|) over real (unpadded) tokens
+    threads: int = 1
+    ort_optimization: str = "all"
+
+
+def export(source_json: str | os.PathLike, out_dir: str | os.PathLike, settings: Settings) -> dict:
+    """Export, check, and publish model.onnx, tokenizer.json, model.config.json and export.json."""
+    import onnx
+
+    threads = max(1, min(settings.threads, os.cpu_count() or 1))
+    torch.set_num_threads(threads)
+    model_dir, source = acquire.model_dir(source_json)
+    model = load_pytorch(model_dir)
+    wrapper = HiddenStates(model).eval()  # the exporter restores the wrapper's mode: it must be eval
+    input_ids, mask = check_batch(model_dir / "tokenizer.json", model.config)
+    out_dir = Path(out_dir)
+    names = [manifest.ONNX_FILE, manifest.TOKENIZER_FILE, manifest.CONFIG_FILE]
+    with files.staging_dir(out_dir) as stage:
+        with torch.no_grad():
+            torch.onnx.export(
+                wrapper, (torch.from_numpy(input_ids), torch.from_numpy(mask)), stage / manifest.ONNX_FILE,
+                dynamo=False, opset_version=settings.opset, do_constant_folding=True,
+                input_names=list(INPUTS), output_names=[OUTPUT], dynamic_axes=DYNAMIC_AXES,
+            )
+            reference = wrapper(torch.from_numpy(input_ids), torch.from_numpy(mask)).numpy()
+        onnx.checker.check_model(str(stage / manifest.ONNX_FILE), full_check=True)
+        session = ort_session(stage / manifest.ONNX_FILE, threads, settings.ort_optimization)
+        got = session.run([OUTPUT], {"input_ids": input_ids, "attention_mask": mask})[0]
+        real = mask.astype(bool)
+        max_abs = float(np.abs(got - reference)[real].max())
+        max_value = float(np.abs(reference[real]).max())
+        relative = max_abs / max(1.0, max_value)
+        if not np.isfinite(relative) or relative > settings.tolerance:
+            raise ExportError(
+                f"model '{source['model']}': ONNX Runtime differs from PyTorch by {max_abs:.3g} "
+                f"(largest value {max_value:.3g}, relative {relative:.3g} > tolerance {settings.tolerance}); "
+                "nothing was written")
+        shutil.copyfile(model_dir / "tokenizer.json", stage / manifest.TOKENIZER_FILE)
+        shutil.copyfile(model_dir / "config.json", stage / manifest.CONFIG_FILE)
+        libs = provenance.library_versions(["torch", "transformers", "tokenizers", "onnx", "onnxruntime"])
+        record = {
+            "model": source["model"],
+            "source": source["source"],
+            "source_tree_sha256": source["tree_sha256"],
+            "libraries": libs,
+            "exporter": {
+                "function": "torch.onnx.export", "dynamo": False, "opset": settings.opset,
+                "do_constant_folding": True, "attn_implementation": "eager",
+                "inputs": {n: {"dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUTS},
+                "outputs": {OUTPUT: {"dtype": "float32", "shape": ["batch", "sequence", "width"]}},
+            },
+            "architecture": {
+                "model_type": model.config.model_type, "width": int(model.config.hidden_size),
+                "layers": int(model.config.num_hidden_layers),
+                "heads": int(model.config.num_attention_heads),
+                "vocab_size": int(model.config.vocab_size),
+                "parameters": int(sum(p.numel() for p in model.parameters())),
+            },
+            "check": {
+                "lengths": [int(n) for n in mask.sum(axis=1)], "padded_to": int(mask.shape[1]),
+                "onnx_checker": "passed (full_check)", "ort_optimization": settings.ort_optimization,
+                "max_abs": max_abs, "max_value": max_value, "relative": relative,
+                "tolerance": settings.tolerance, "criterion": "max_abs / max(1, max_value) <= tolerance",
+            },
+        }
+        out_dir.mkdir(parents=True, exist_ok=True)
+        record = manifest.write(stage, record, names)
+        files.publish(stage, out_dir, [*names, manifest.MANIFEST])
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`encoder-study export`: export one model to ONNX with its manifest."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="encoder-study export", description=main.__doc__)
+    provenance.add_arguments(parser)
+    parser.add_argument("--source", required=True, help="results/sources/<model>/source.json")
+    parser.add_argument("--out-dir", required=True, help="results/models/<model>")
+    parser.add_argument("--opset", type=int, default=17)
+    parser.add_argument("--tolerance", type=float, default=1e-4)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--ort-optimization", choices=["disable", "basic", "extended", "all"], default="all")
+    args = parser.parse_args(argv)
+    settings = Settings(opset=args.opset, tolerance=args.tolerance, threads=args.threads,
+                        ort_optimization=args.ort_optimization)
+    out_dir = Path(args.out_dir)
+    try:
+        with provenance.Fragment(args.provenance, args.rule, provenance.settings(args),
+                                 threads=args.threads) as frag:
+            frag.inputs.append(args.source)
+            record = export(args.source, out_dir, settings)
+            frag.outputs += [out_dir / e["path"] for e in record["files"]] + [out_dir / manifest.MANIFEST]
+            check = record["check"]
+            frag.table("Export check", provenance.markdown_table(
+                ["model", "lengths", "max_abs", "max_value", "relative", "tolerance"],
+                [(record["model"], " ".join(map(str, check["lengths"])), f"{check['max_abs']:.3g}",
+                  f"{check['max_value']:.4g}", f"{check['relative']:.3g}", check["tolerance"])], "llrrrr"))
+    except (ExportError, acquire.SourceError, files.IntegrityError) as err:
+        print(f"encoder-study export: error: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,68 @@
+"""`export.json`: what an exported model came from, what made it, and every file's size and SHA-256.
+
+A consumer calls `verified_model` before it reads an export, so a file changed after the export is
+refused with its name and both hashes instead of silently giving other numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from . import files
+
+MANIFEST = "export.json"
+ONNX_FILE = "model.onnx"
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "model.config.json"
+
+
+class ManifestError(RuntimeError):
+    pass
+
+
+def write(directory: str | os.PathLike, record: dict, names: list[str]) -> dict:
+    """Add `files` (name, bytes, sha256 of each of `names`) to `record` and write export.json."""
+    directory = Path(directory)
+    record = dict(record, files=[files.file_record(directory / n, directory) for n in sorted(names)])
+    files.write_json(directory / MANIFEST, record)
+    return record
+
+
+def read(directory: str | os.PathLike) -> dict:
+    path = Path(directory) / MANIFEST
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise ManifestError(f"{path} is missing: export the model first (snakemake export)") from err
+    except json.JSONDecodeError as err:
+        raise ManifestError(f"{path}: not valid JSON ({err}); re-export the model") from err
+
+
+def verified_model(directory: str | os.PathLike) -> dict:
+    """Check every file export.json lists against its SHA-256; return the manifest."""
+    directory = Path(directory)
+    record = read(directory)
+    for entry in record.get("files", []):
+        files.check_file(directory / entry["path"], entry["sha256"], what="exported file")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`encoder-study manifest DIR...`: check exported models against their export.json."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="encoder-study manifest", description=main.__doc__)
+    parser.add_argument("model_dirs", nargs="+", help="results/models/<model>")
+    args = parser.parse_args(argv)
+    status = 0
+    for directory in args.model_dirs:
+        try:
+            record = verified_model(directory)
+            print(f"{directory}: {len(record['files'])} files match {MANIFEST}")
+        except (ManifestError, files.IntegrityError) as err:
+            print(f"{directory}: {err}", file=sys.stderr)
+            status = 1
+    return status
