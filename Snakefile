@@ -1,5 +1,7 @@
 # Regenerates every table of the encoder study. Default: the embedded config (offline, 2 cores, minutes).
 # Full study: snakemake --cores 8 all --configfile config/paper.yaml
+import re
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -14,6 +16,11 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/provenance.smk"
+
+
+wildcard_constraints:
+    model="|".join(re.escape(m) for m in MODELS),
+    recipe="|".join(sorted(RECIPES)),
 
 
 rule all:

@@ -1,16 +1,21 @@
-# Helpers shared by every rule file: package code as inputs, provenance paths, recipe bookkeeping.
-import ast
+# Helpers shared by the stage files: package code as inputs, provenance paths, recipe bookkeeping.
 import json
+import os
 import re
 import sys
-import os
 from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+
+# The package's dependency walker uses the standard library only, so it imports in any environment.
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "lib"))
+from encoder_study.deps import code_files
 
 LIB = Path("workflow/lib/encoder_study")
 
 # Jobs find `encoder-study` beside the Python that runs Snakemake, so `.venv/bin/snakemake` works
 # without activating the environment (with --sdm conda the job's own environment comes first).
-os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+os.environ.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 CONDA_ENV = "../../envs/workflow.yaml"
 CORES = workflow.cores if isinstance(workflow.cores, int) else (os.cpu_count() or 1)
 
@@ -18,43 +23,15 @@ CORES = workflow.cores if isinstance(workflow.cores, int) else (os.cpu_count() o
 RECIPES = {}
 
 
-def _imports(module):
-    """Package modules that `module` imports (relative or absolute), read with ast."""
-    tree = ast.parse((LIB / f"{module}.py").read_text(encoding="utf-8"))
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 1 or node.module == "encoder_study":
-                names = [node.module] if node.level == 1 and node.module else [a.name for a in node.names]
-            elif (node.module or "").startswith("encoder_study."):
-                names = [node.module.split(".")[1]]
-            else:
-                continue
-            found.update(n for n in names if (LIB / f"{n}.py").exists())
-        elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names
-                         if a.name.startswith("encoder_study.") and (LIB / f"{a.name.split('.')[1]}.py").exists())
-    return found
-
-
 def lib_code(module):
-    """The package files a command runs: the module, everything it imports, the dispatcher.
-
-    Snakemake does not rerun a rule when an imported module changes; listing these files as
-    inputs makes an edit to any of them a rerun trigger (by modification time).
-    """
-    seen, todo = set(), [module]
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo.extend(_imports(name))
-    return sorted(str(LIB / f"{n}.py") for n in seen | {"__init__", "cli"})
+    """The package files a command runs (the module and its imports): a change to any reruns the rule."""
+    return code_files(LIB, module)
 
 
 def prov(recipe, rule, wildcards=""):
-    """The fragment path of one rule run: provenance/<recipe>/<rule>[-<wildcards>].md."""
-    return f"provenance/{recipe}/{rule}{'-' + wildcards if wildcards else ''}.md"
+    """Where a job writes its fragment: provenance/<recipe>/<rule>[-<wildcards>].md."""
+    stem = f"{rule}-{wildcards}" if wildcards else rule
+    return f"provenance/{recipe}/{stem}.md"
 
 
 def register(recipe, fragments):
@@ -75,8 +52,21 @@ def resources_for(rule, key):
     return table.get(rule, {}).get(key, table["default"][key])
 
 
-MODELS = sorted(config["models"])
+def _model_specs(entries):
+    specs = {}
+    for entry in entries:
+        if entry["name"] in specs:
+            raise WorkflowError(f"config: models lists '{entry['name']}' twice; names must be unique")
+        specs[entry["name"]] = entry
+    return specs
 
 
-wildcard_constraints:
-    model="|".join(re.escape(m) for m in MODELS),
+MODEL_SPECS = _model_specs(config["models"])
+MODELS = sorted(MODEL_SPECS)
+
+
+def acquire_inputs(wildcards):
+    """A tiny model's architecture file is an input: editing it rebuilds the model."""
+    spec = MODEL_SPECS[wildcards.model]
+    arch = [spec["architecture"]] if spec["source"] == "tiny" else []
+    return {"code": lib_code("acquire"), "architecture": arch}

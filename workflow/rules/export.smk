@@ -2,12 +2,6 @@
 # with its export.json manifest. Library: encoder_study.acquire, encoder_study.export.
 
 
-def acquire_inputs(wildcards):
-    spec = config["models"][wildcards.model]
-    arch = [spec["architecture"]] if spec["source"] == "tiny" else []
-    return {"code": lib_code("acquire"), "architecture": arch}
-
-
 rule acquire_model:
     input:
         unpack(acquire_inputs),
@@ -15,7 +9,7 @@ rule acquire_model:
         source="results/sources/{model}/source.json",
         prov=prov("export", "acquire_model", "{model}"),
     params:
-        spec=lambda wc: json.dumps(config["models"][wc.model], sort_keys=True),
+        spec=lambda wc: json.dumps(MODEL_SPECS[wc.model], sort_keys=True),
     log:
         "logs/export/acquire_model-{model}.log",
     benchmark:
@@ -28,7 +22,7 @@ rule acquire_model:
     shell:
         "encoder-study acquire --model {wildcards.model:q} --spec {params.spec:q}"
         " --out-dir results/sources/{wildcards.model:q}"
-        " --rule {rule} --provenance {output.prov:q} > {log:q} 2>&1"
+        " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 rule export_model:
@@ -59,7 +53,7 @@ rule export_model:
         "encoder-study export --source {input.source:q} --out-dir results/models/{wildcards.model:q}"
         " --opset {params.opset} --tolerance {params.tolerance}"
         " --ort-optimization {params.optimization} --threads {threads}"
-        " --rule {rule} --provenance {output.prov:q} > {log:q} 2>&1"
+        " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 register("export", [prov("export", "acquire_model", m) for m in MODELS]

@@ -2,10 +2,6 @@
 # re-hashes every file the fragments name. Library: encoder_study.provenance.
 
 
-wildcard_constraints:
-    recipe="|".join(sorted(RECIPES)),
-
-
 rule join_provenance:
     input:
         fragments=lambda wc: RECIPES[wc.recipe],

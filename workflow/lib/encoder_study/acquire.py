@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(args.spec)
     out_dir = Path(args.out_dir)
     try:
-        with provenance.Fragment(args.provenance, args.rule, provenance.settings(args, ("out_dir",))) as frag:
+        with provenance.Fragment(args.provenance, provenance.settings(args, ("out_dir",))) as frag:
             if spec.get("source") == "tiny":
                 frag.inputs.append(spec["architecture"])
             if spec.get("source") == "local":

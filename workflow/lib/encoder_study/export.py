@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                         ort_optimization=args.ort_optimization)
     out_dir = Path(args.out_dir)
     try:
-        with provenance.Fragment(args.provenance, args.rule, provenance.settings(args),
+        with provenance.Fragment(args.provenance, provenance.settings(args),
                                  threads=args.threads) as frag:
             frag.inputs.append(args.source)
             record = export(args.source, out_dir, settings)

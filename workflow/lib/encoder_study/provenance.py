@@ -100,10 +100,11 @@ class Fragment:
     after the outputs exist, so its hashes are those of the finished files.
     """
 
-    def __init__(self, path: str | os.PathLike, rule: str, settings: dict | None = None,
+    def __init__(self, path: str | os.PathLike, settings: dict | None = None,
                  threads: int | None = None, argv: list[str] | None = None):
         self.path = Path(path)
-        self.rule = rule
+        # Rule names are identifiers, so the first '-' of the stem starts the wildcards.
+        self.rule, _, self.wildcards = self.path.stem.partition("-")
         self.settings = dict(settings or {})
         self.threads = threads
         self.argv = list(sys.argv if argv is None else argv)
@@ -130,8 +131,7 @@ class Fragment:
 
     def render(self) -> str:
         finished = dt.datetime.now(dt.UTC)
-        stem = self.path.stem
-        wildcards = stem[len(self.rule) + 1:] if stem.startswith(self.rule + "-") else ""
+        wildcards = self.wildcards
         title = f"{self.rule}" + (f" ({wildcards})" if wildcards else "")
         command = shlex.join([Path(self.argv[0]).name, *self.argv[1:]]) if self.argv else ""
         about = [
@@ -227,15 +227,14 @@ def join(recipe: str, fragments: list[str | os.PathLike], target: str | os.PathL
 
 
 def add_arguments(parser) -> None:
-    """The two arguments every rule's command takes."""
+    """The argument every rule's command takes: where its fragment goes (which also names the rule)."""
     parser.add_argument("--provenance", required=True,
-                        help="fragment to write: provenance/<recipe>/<rule>.md")
-    parser.add_argument("--rule", required=True, help="the Snakemake rule that runs this command")
+                        help="fragment to write: provenance/<recipe>/<rule>[-<wildcards>].md")
 
 
 def settings(args, skip: tuple[str, ...] = ()) -> dict:
     """A command's arguments as the fragment's Settings table, without the provenance plumbing."""
-    return {k: v for k, v in sorted(vars(args).items()) if k not in ("provenance", "rule", *skip)}
+    return {k: v for k, v in sorted(vars(args).items()) if k not in ("provenance", *skip)}
 
 
 def main(argv: list[str] | None = None) -> int:
