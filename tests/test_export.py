@@ -1,7 +1,10 @@
 """Export round trip: the graph's contract, parity with PyTorch, the manifest, and failure modes."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -100,3 +103,18 @@ def test_changed_source_file_is_refused_before_export(models_dir, tmp_path):
     with pytest.raises(files.IntegrityError, match="config.json"):
         export.export(source_dir / acquire.SOURCE_JSON, tmp_path / "out", export.Settings())
     assert not (tmp_path / "out").exists()
+
+
+def test_export_command_is_byte_identical_across_hash_seeds(tiny_exports, models_dir, tmp_path):
+    """Python's hash seed orders ModernBERT's rotary tables in the trace; the command fixes it."""
+    source = models_dir / "sources" / "modernbert-tiny" / acquire.SOURCE_JSON
+    digests = []
+    for seed in ("1", "3"):  # these two seeds iterate {'full_attention', 'sliding_attention'} differently
+        out = tmp_path / f"seed{seed}"
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        result = subprocess.run([sys.executable, "-m", "encoder_study.cli", "export", "--source", str(source),
+                        "--out-dir", str(out), "--provenance", str(tmp_path / f"p/export/export-{seed}.md")],
+                       env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-2000:]
+        digests.append(files.sha256_file(out / manifest.ONNX_FILE))
+    assert digests[0] == digests[1]

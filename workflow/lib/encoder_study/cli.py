@@ -7,6 +7,7 @@ the rules that list it as an input are not rerun for it.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -25,6 +26,11 @@ def commands() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        # transformers iterates over sets of strings while a model is traced (ModernBERT's rotary
+        # tables), so an exported graph's node order would follow Python's random hash seed.
+        os.execve(sys.executable, [sys.executable, "-m", "encoder_study.cli", *argv],
+                  {**os.environ, "PYTHONHASHSEED": "0"})
     names = commands()
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in names:
         print("usage: encoder-study <command> [arguments]\ncommands: " + ", ".join(names), file=sys.stderr)
