@@ -1,0 +1,111 @@
+# Recipe `parity`: the selected texts, ONNX Runtime against PyTorch token by token, and latency side by
+# side. Library: encoder_study.texts (selection), encoder_study.parity (tables).
+
+
+rule parity_inference:
+    input:
+        texts="results/texts/parity_texts.jsonl",
+        model=multiext("results/models/{model}/", "model.onnx", "tokenizer.json", "export.json"),
+        source="results/sources/{model}/source.json",
+        code=lib_code("parity"),
+    output:
+        row="results/parity/inference/{model}.csv",
+        diffs="results/parity/inference/{model}.npy",
+        prov=prov("parity", "parity_inference", "{model}"),
+    threads: threads_for("parity_inference")
+    log:
+        "logs/parity/parity_inference-{model}.log",
+    benchmark:
+        "results/benchmarks/parity_inference/{model}.tsv"
+    resources:
+        mem_mb=resources_for("parity_inference", "mem_mb"),
+        runtime=resources_for("parity_inference", "runtime"),
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study parity inference --model-dir results/models/{wildcards.model:q}"
+        " --source {input.source:q} --texts {input.texts:q} --threads {threads}"
+        " --out {output.row:q} --diffs {output.diffs:q} --provenance {output.prov:q} > {log:q} 2>&1"
+
+
+rule parity_latency:
+    input:
+        model=multiext("results/models/{model}/", "model.onnx", "tokenizer.json", "export.json"),
+        source="results/sources/{model}/source.json",
+        code=lib_code("parity"),
+    output:
+        rows="results/parity/latency/{model}.csv",
+        prov=prov("parity", "parity_latency", "{model}"),
+    params:
+        threads=min(config["parity"]["latency_threads"], CORES, os.cpu_count() or 1),
+        batches=",".join(str(b) for b in config["parity"]["latency_batches"]),
+        seq_len=config["parity"]["latency_seq_len"],
+        warmup=config["parity"]["latency_warmup"],
+        runs=config["parity"]["latency_runs"],
+    # Timed: takes every core the workflow has, so that no other job runs beside it.
+    threads: CORES
+    log:
+        "logs/parity/parity_latency-{model}.log",
+    benchmark:
+        "results/benchmarks/parity_latency/{model}.tsv"
+    resources:
+        mem_mb=resources_for("parity_latency", "mem_mb"),
+        runtime=resources_for("parity_latency", "runtime"),
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study parity latency --model-dir results/models/{wildcards.model:q}"
+        " --source {input.source:q} --threads {params.threads} --batches {params.batches}"
+        " --seq-len {params.seq_len} --warmup {params.warmup} --runs {params.runs}"
+        " --out {output.rows:q} --provenance {output.prov:q} > {log:q} 2>&1"
+
+
+rule parity_table:
+    input:
+        rows=expand("results/parity/inference/{model}.csv", model=MODELS),
+        diffs=expand("results/parity/inference/{model}.npy", model=MODELS),
+        code=lib_code("parity"),
+    output:
+        table="results/parity/inference.csv",
+        markdown="results/parity/inference.md",
+        plot="results/parity/inference.png",
+        prov=prov("parity", "parity_table"),
+    log:
+        "logs/parity/parity_table.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study parity gather --kind inference --out {output.table:q} --markdown {output.markdown:q}"
+        " --plot {output.plot:q} --provenance {output.prov:q} {input.rows:q} > {log:q} 2>&1"
+
+
+rule latency_table:
+    input:
+        rows=expand("results/parity/latency/{model}.csv", model=MODELS),
+        code=lib_code("parity"),
+    output:
+        table="results/parity/latency.csv",
+        markdown="results/parity/latency.md",
+        prov=prov("parity", "latency_table"),
+    log:
+        "logs/parity/latency_table.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study parity gather --kind latency --out {output.table:q} --markdown {output.markdown:q}"
+        " --provenance {output.prov:q} {input.rows:q} > {log:q} 2>&1"
+
+
+register("parity", [prov("parity", "select_texts")]
+         + [prov("parity", "parity_inference", m) for m in MODELS]
+         + [prov("parity", "parity_table")]
+         + [prov("parity", "parity_latency", m) for m in MODELS]
+         + [prov("parity", "latency_table")])
+
+
+rule parity:
+    input:
+        "results/texts/parity_texts.jsonl",
+        "results/parity/inference.csv",
+        "results/parity/latency.csv",
+        recipe_target("parity"),
