@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import TINY
-from encoder_study import acquire, export, files, manifest
+from encoder_study import acquire, export, files, manifest, runtime
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -43,7 +43,7 @@ def test_onnx_matches_pytorch_on_new_shapes(tiny_exports, models_dir, name):
         mask[row, :n] = 1
     with torch.no_grad():
         ref = export.HiddenStates(model)(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-    got = export.ort_session(tiny_exports[name] / manifest.ONNX_FILE, 1).run(
+    got = runtime.ort_session(tiny_exports[name] / manifest.ONNX_FILE, 1).run(
         None, {"input_ids": ids, "attention_mask": mask})[0]
     real = mask.astype(bool)
     assert np.abs(got - ref)[real].max() < 2e-5

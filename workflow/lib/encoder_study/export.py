@@ -16,9 +16,8 @@ import numpy as np
 import torch
 
 from . import acquire, files, manifest, provenance
+from .runtime import INPUTS, OUTPUT, ort_session, usable_positions
 
-INPUTS = ("input_ids", "attention_mask")
-OUTPUT = "last_hidden_state"
 DYNAMIC_AXES = {
     "input_ids": {0: "batch", 1: "sequence"},
     "attention_mask": {0: "batch", 1: "sequence"},
@@ -60,20 +59,12 @@ def load_pytorch(model_dir: str | os.PathLike) -> torch.nn.Module:
     return model.eval()
 
 
-def usable_positions(config) -> int:
-    """How many positions the model can take: XLM-R's start after padding_idx, so two fewer."""
-    n = int(config.max_position_embeddings)
-    if config.model_type in ("xlm-roberta", "roberta", "camembert"):
-        n -= int(config.pad_token_id) + 1
-    return n
-
-
 def check_batch(tokenizer_path: str | os.PathLike, config) -> tuple[np.ndarray, np.ndarray]:
     """A right-padded batch of three texts whose lengths go beyond a local attention window."""
     from tokenizers import Tokenizer
 
     window = int(getattr(config, "local_attention", 0) or 0)
-    longest = min(usable_positions(config), max(48, 2 * window + 8))
+    longest = min(usable_positions(config.to_dict()), max(48, 2 * window + 8))
     lengths = [longest, max(window + 3, (2 * longest) // 3), 5]
     tok = Tokenizer.from_file(str(tokenizer_path))
     tok.no_padding()
@@ -91,21 +82,6 @@ def check_batch(tokenizer_path: str | os.PathLike, config) -> tuple[np.ndarray, 
         input_ids[i, : len(ids)] = ids
         mask[i, : len(ids)] = 1
     return input_ids, mask
-
-
-def ort_session(path: str | os.PathLike, threads: int, optimization: str = "all"):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[optimization]
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 @dataclass(frozen=True)

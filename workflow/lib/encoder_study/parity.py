@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from . import acquire, export, files, manifest, provenance
+from .runtime import ort_session, usable_positions
 
 INFERENCE_COLUMNS = ["model", "tokens", "texts", "truncated", "max_abs", "mean_abs", "min_cos", "mean_cos",
                      "max_value", "batch_max_abs"]
@@ -67,7 +68,7 @@ class Model:
         model = export.load_pytorch(source_dir)
         pad = model.config.pad_token_id
         return cls(record["model"], model_dir / manifest.ONNX_FILE, model_dir / manifest.TOKENIZER_FILE,
-                   model, export.usable_positions(model.config), 0 if pad is None else int(pad))
+                   model, usable_positions(model.config.to_dict()), 0 if pad is None else int(pad))
 
     def encode(self, texts: list[str]) -> tuple[list[list[int]], int]:
         """Piece ids with the tokenizer's special tokens, cut to the model's positions; how many were cut."""
@@ -124,7 +125,7 @@ class InferenceRow:
 def inference_parity(model: Model, texts: list[str], threads: int, batch: int = 8
                      ) -> tuple[InferenceRow, np.ndarray]:
     """One text per run in both runtimes, every token compared; and padded batches against singles."""
-    session = export.ort_session(model.onnx_path, threads)
+    session = ort_session(model.onnx_path, threads)
     rows, truncated = model.encode(texts)
     per_token, cosines, abs_sums, singles = [], [], 0.0, []
     max_value, elements = 0.0, 0
@@ -169,7 +170,7 @@ def latency(model: Model, threads: int, batches: tuple[int, ...] = (1, 8), seq_l
             warmup: int = 3, runs: int = 20, seed: int = 0) -> list[dict]:
     """Median, min and max milliseconds per call of each runtime on the same random inputs."""
     torch.set_num_threads(threads)
-    session = export.ort_session(model.onnx_path, threads)
+    session = ort_session(model.onnx_path, threads)
     vocab = int(model.torch_model.config.vocab_size)
     seq_len = min(seq_len, model.max_pieces)
     rng = np.random.default_rng(seed)

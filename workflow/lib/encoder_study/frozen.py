@@ -1,0 +1,177 @@
+"""The frozen encoder: an exported ONNX graph run by ONNX Runtime, word vectors out, cached per document.
+
+    encoder = FrozenEncoder("results/models/minilm", pooling="mean")
+    vectors = encoder([Doc.from_words(["The", "bank", "floods", "."])])  # [array float32 [4, 384]]
+
+Windows of all documents of a call run together, longest first, `batch_size` at a time and right
+padded, so a batch's padding stays small. A document's word vectors are computed once and kept, so a
+head trained for many epochs over the same documents runs the transformer once per document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from . import manifest, runtime
+from .runtime import INPUTS, OPTIMIZATIONS, OUTPUT, usable_positions
+from .tokens import Doc, DocPieces, PieceTokenizer, check_pooling
+
+
+class EncoderError(RuntimeError):
+    """The model directory cannot be used: the message names the file."""
+
+
+def ort_session(path: Path, threads: int, optimization: str):
+    try:
+        return runtime.ort_session(path, threads, optimization)
+    except Exception as err:  # ONNX Runtime's errors do not always say which file
+        raise EncoderError(f"{path}: ONNX Runtime cannot load the model: {err}") from err
+
+
+class FrozenEncoder:
+    """Word vectors from an exported model directory (model.onnx, tokenizer.json, model.config.json).
+
+    `max_length` counts the special tokens and is capped at the model's positions. `threads` is
+    capped at os.cpu_count(). `windows_run` counts the windows actually sent to the model.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, pooling: str = "mean", max_length: int = 512,
+                 batch_size: int = 8, threads: int = 1, optimization: str = "all"):
+        check_pooling(pooling)
+        if optimization not in OPTIMIZATIONS:
+            raise ValueError(f"optimization must be one of {list(OPTIMIZATIONS)}, got {optimization!r}")
+        for name, value in (("max_length", max_length), ("batch_size", batch_size), ("threads", threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.model_dir = Path(model_dir)
+        if not self.model_dir.is_dir():
+            raise EncoderError(f"{self.model_dir}: not a directory; expected an exported model "
+                               f"({manifest.ONNX_FILE}, {manifest.TOKENIZER_FILE}, {manifest.CONFIG_FILE}, "
+                               f"{manifest.MANIFEST})")
+        self.manifest = manifest.verified_model(self.model_dir)  # names any changed or missing file
+        listed = {entry["path"] for entry in self.manifest.get("files", [])}
+        for name in (manifest.ONNX_FILE, manifest.TOKENIZER_FILE, manifest.CONFIG_FILE):
+            if name not in listed:
+                raise EncoderError(
+                    f"{self.model_dir / manifest.MANIFEST} does not list {name}; re-export the model")
+        self.config = self._read_config(self.model_dir / manifest.CONFIG_FILE)
+
+        self.pooling = pooling
+        self.batch_size = batch_size
+        self.optimization = optimization
+        self.threads_requested = threads
+        self.threads = min(threads, os.cpu_count() or 1)
+        self.max_length_requested = max_length
+        positions = usable_positions(self.config)
+        self.max_length = min(max_length, positions) if positions else max_length
+        self.tokenizer = PieceTokenizer(self.model_dir / manifest.TOKENIZER_FILE)
+        self.tokenizer.window_size(self.max_length)  # fail now, not on the first long document
+        # Padding is masked, so any id would do; the model's own pad id keeps the inputs conventional.
+        pad = self.config.get("pad_token_id")
+        self.pad_id = int(pad) if pad is not None else 0
+        self.width = int(self.config["hidden_size"])
+
+        onnx_path = self.model_dir / manifest.ONNX_FILE
+        self.session = ort_session(onnx_path, self.threads, optimization)
+        inputs = [i.name for i in self.session.get_inputs()]
+        outputs = [o.name for o in self.session.get_outputs()]
+        if sorted(inputs) != sorted(INPUTS) or OUTPUT not in outputs:
+            raise EncoderError(f"{onnx_path}: inputs {inputs} and outputs {outputs}; expected inputs "
+                               f"{list(INPUTS)} and output {OUTPUT!r} (see encoder_study.export)")
+
+        self.windows_run = 0
+        self._cache: dict[Doc, np.ndarray] = {}
+
+    @staticmethod
+    def _read_config(path: Path) -> dict:
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as err:
+            raise EncoderError(f"{path}: cannot read the model config: {err}") from err
+        if "hidden_size" not in config:
+            raise EncoderError(f"{path}: no hidden_size; expected a Hugging Face config.json")
+        return config
+
+    def settings(self) -> dict:
+        """Everything that decides the vectors, read back from the live session where possible."""
+        import onnxruntime as ort
+        import tokenizers
+
+        options = self.session.get_session_options()
+        return {
+            "model": self.manifest.get("model"),
+            "model_dir": str(self.model_dir),
+            "files": {e["path"]: e["sha256"] for e in self.manifest.get("files", [])},
+            "pooling": self.pooling,
+            "max_length": self.max_length,
+            "max_length_requested": self.max_length_requested,
+            "window_pieces": self.tokenizer.window_size(self.max_length),
+            "specials": {"prefix": list(self.tokenizer.prefix), "suffix": list(self.tokenizer.suffix)},
+            "pad_id": self.pad_id,
+            "batch_size": self.batch_size,
+            "threads": self.threads,
+            "threads_requested": self.threads_requested,
+            "optimization": self.optimization,
+            "onnxruntime": {
+                "version": ort.__version__,
+                "providers": self.session.get_providers(),
+                "intra_op_num_threads": options.intra_op_num_threads,
+                "inter_op_num_threads": options.inter_op_num_threads,
+                "graph_optimization_level": options.graph_optimization_level.name,
+                "execution_mode": options.execution_mode.name,
+            },
+            "tokenizers": tokenizers.__version__,
+        }
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    def __call__(self, docs: Sequence[Doc]) -> list[np.ndarray]:
+        """One float32 array [n_words, width] per document, in order."""
+        todo: dict[Doc, DocPieces] = {}  # first-seen order; equal documents run once
+        for doc in docs:
+            if not isinstance(doc, Doc):
+                raise TypeError(f"FrozenEncoder takes encoder_study.tokens.Doc, got {type(doc).__name__}")
+            if doc not in self._cache and doc not in todo:
+                todo[doc] = self.tokenizer.prepare(doc, self.max_length)
+        self._run(todo)
+        return [self._cache[doc].copy() for doc in docs]  # copies: callers cannot alter the cache
+
+    def _run(self, todo: dict[Doc, DocPieces]) -> None:
+        # Piece vectors of documents still waiting for some of their windows.
+        hidden = {doc: np.zeros((len(p), self.width), np.float32) for doc, p in todo.items()}
+        left = {doc: len(p.windows) for doc, p in todo.items()}
+        for doc in [d for d, n in left.items() if n == 0]:  # no pieces: all words are zeros
+            self._finish(doc, todo[doc], hidden)
+        jobs = [(doc, k) for doc, p in todo.items() for k in range(len(p.windows))]
+        jobs.sort(key=lambda job: -len(todo[job[0]].inputs[job[1]]))  # stable: ties keep call order
+        for b in range(0, len(jobs), self.batch_size):
+            batch = jobs[b:b + self.batch_size]
+            out = self._forward([todo[doc].inputs[k] for doc, k in batch])
+            for i, (doc, k) in enumerate(batch):
+                pieces = todo[doc]
+                mine = np.flatnonzero(pieces.owner == k)
+                hidden[doc][mine] = out[i, pieces.row[mine]]
+                left[doc] -= 1
+                if left[doc] == 0:
+                    self._finish(doc, pieces, hidden)
+
+    def _finish(self, doc: Doc, pieces: DocPieces, hidden: dict[Doc, np.ndarray]) -> None:
+        self._cache[doc] = pieces.words.pool(hidden.pop(doc), self.pooling)
+
+    def _forward(self, sequences: list[np.ndarray]) -> np.ndarray:
+        """Right-pad the sequences to the longest and run them as one batch."""
+        length = max(len(s) for s in sequences)
+        input_ids = np.full((len(sequences), length), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(sequences), length), dtype=np.int64)
+        for i, seq in enumerate(sequences):
+            input_ids[i, :len(seq)] = seq
+            mask[i, :len(seq)] = 1
+        out = self.session.run([OUTPUT], {"input_ids": input_ids, "attention_mask": mask})[0]
+        self.windows_run += len(sequences)
+        return np.asarray(out, dtype=np.float32)

@@ -1,0 +1,285 @@
+"""Documents, pieces with character offsets, windows, and the map from words to pieces.
+
+Framework-free (numpy only): the frozen ONNX Runtime encoder and the trainable PyTorch encoder both
+cut a document the same way here and differ only in how they run the windows and pool.
+
+The steps for one document:
+
+1. Its whole text is encoded once, without special tokens; every piece carries the [start, end)
+   character range (Python str indices) it came from.
+2. The special tokens the tokenizer wraps a text in are found by a probe (encode a text with and
+   without them), then put around every window.
+3. A document with more pieces than fit in one window (max_length minus the specials) is cut into
+   full windows that overlap by half; each piece reads its vector from the window whose centre is
+   nearest, so that it is read as far from a window edge as the windows allow.
+4. A piece belongs to every word whose character range it overlaps; a word's vector is the mean of
+   its pieces' vectors (`mean`) or its first piece's (`first`), zeros when no piece overlaps it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+POOLINGS = ("mean", "first")
+# Two different probes: the specials must not depend on the text, or windows could not share them.
+PROBES = ("probe", "two words")
+
+
+class TokenizerError(ValueError):
+    """tokenizer.json cannot be loaded or does not wrap texts the way windows need."""
+
+
+@dataclass(frozen=True)
+class Doc:
+    """A text and its words as character ranges [start, end) into it; immutable and hashable.
+
+    Equal documents (same text, same ranges) are the same document for caching.
+    """
+
+    text: str
+    words: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self):
+        if not isinstance(self.text, str):
+            raise TypeError(f"Doc.text must be a str, not {type(self.text).__name__}")
+        words = tuple((int(start), int(end)) for start, end in self.words)
+        for i, (start, end) in enumerate(words):
+            if not 0 <= start <= end <= len(self.text):
+                raise ValueError(
+                    f"word {i} has range [{start}, {end}), not within the text of {len(self.text)} "
+                    f"characters {_snippet(self.text)!r}; ranges must satisfy 0 <= start <= end <= len(text)")
+        object.__setattr__(self, "words", words)  # lists in, tuples stored: hashable
+
+    @classmethod
+    def from_words(cls, words: Sequence[str], sep: str = " ") -> Doc:
+        """The words joined by `sep`, each word's range pointing at its place in the joined text."""
+        ranges, start = [], 0
+        for word in words:
+            ranges.append((start, start + len(word)))
+            start += len(word) + len(sep)
+        return cls(sep.join(words), tuple(ranges))
+
+    def word(self, i: int) -> str:
+        start, end = self.words[i]
+        return self.text[start:end]
+
+
+def _snippet(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Windows
+
+
+def cut_windows(n_pieces: int, size: int) -> tuple[tuple[int, int], ...]:
+    """Piece ranges [start, end) of the windows of a document with `n_pieces` pieces.
+
+    A document that fits is one window. A longer one gets windows of exactly `size` pieces starting
+    every `size // 2` pieces; the last is moved back to end at the last piece, so it overlaps its
+    neighbour by half or more and no window is short of context.
+    """
+    if size < 2:
+        raise ValueError(f"a window needs room for at least 2 pieces, got {size}")
+    if n_pieces <= size:
+        return ((0, n_pieces),) if n_pieces > 0 else ()
+    stride = size // 2
+    starts = list(range(0, n_pieces - size, stride)) + [n_pieces - size]
+    return tuple((start, start + size) for start in starts)
+
+
+def nearest_windows(n_pieces: int, windows: Sequence[tuple[int, int]]) -> np.ndarray:
+    """For each piece, the index of the window containing it whose centre is nearest.
+
+    Ties go to the earlier window. Distances are doubled so that they stay integers (a window's
+    centre can fall between two pieces) and a tie is an exact tie.
+    """
+    best = np.full(n_pieces, np.iinfo(np.int64).max, dtype=np.int64)
+    owner = np.full(n_pieces, -1, dtype=np.int64)
+    for k, (start, end) in enumerate(windows):
+        twice_distance = np.abs(2 * np.arange(start, end) - (start + end - 1))
+        closer = twice_distance < best[start:end]  # strict: an earlier window keeps a tie
+        best[start:end][closer] = twice_distance[closer]
+        owner[start:end][closer] = k
+    if (owner < 0).any():
+        raise ValueError(f"windows {list(windows)} do not cover all {n_pieces} pieces")
+    return owner
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Words to pieces
+
+
+@dataclass(frozen=True, eq=False)
+class WordPieces:
+    """Which pieces belong to which word, as (word, piece) pairs sorted by word, then piece.
+
+    Plain index arrays, so that numpy (`pool`) and a differentiable torch gather (`index_add_` of
+    `weight * hidden[piece]` into row `word`) compute the same thing from the same data.
+    """
+
+    n_words: int
+    word: np.ndarray   # int64 [pairs]
+    piece: np.ndarray  # int64 [pairs]
+
+    def pieces_of(self, i: int) -> np.ndarray:
+        """The piece indices of word `i`, ascending."""
+        return self.piece[self.word == i]
+
+    def counts(self) -> np.ndarray:
+        """int64 [n_words]: how many pieces each word has (0: the word gets a zero vector)."""
+        return np.bincount(self.word, minlength=self.n_words).astype(np.int64)
+
+    def gather(self, pooling: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(word, piece, weight): word vector i = sum of weight * piece vector over the rows with word i."""
+        check_pooling(pooling)
+        if pooling == "mean":
+            weight = (1.0 / np.maximum(self.counts(), 1))[self.word].astype(np.float32)
+            return self.word, self.piece, weight
+        # Pairs are sorted by word then piece, so a word's first pair holds its first piece.
+        first = np.ones(len(self.word), dtype=bool)
+        first[1:] = self.word[1:] != self.word[:-1]
+        return self.word[first], self.piece[first], np.ones(int(first.sum()), dtype=np.float32)
+
+    def pool(self, hidden: np.ndarray, pooling: str) -> np.ndarray:
+        """float32 [n_words, width] word vectors from float32 [n_pieces, width] piece vectors."""
+        word, piece, weight = self.gather(pooling)
+        out = np.zeros((self.n_words, hidden.shape[1]), dtype=np.float32)
+        np.add.at(out, word, weight[:, None] * hidden[piece])  # unbuffered: repeated words add up
+        return out
+
+
+def check_pooling(pooling: str) -> None:
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
+
+
+def word_pieces(offsets: np.ndarray, words: Sequence[tuple[int, int]]) -> WordPieces:
+    """Map words to the pieces whose character ranges overlap theirs.
+
+    Ranges are half-open; they overlap when their intersection is non-empty, so an empty word or an
+    empty piece (a special token's (0, 0)) overlaps nothing.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    starts, ends = offsets[:, 0], offsets[:, 1]
+    word_index, piece_index = [], []
+    for i, (start, end) in enumerate(words):
+        if start >= end:
+            continue
+        hits = np.flatnonzero((starts < end) & (ends > start) & (starts < ends))
+        word_index.append(np.full(len(hits), i, dtype=np.int64))
+        piece_index.append(hits.astype(np.int64))
+    if not word_index:
+        return WordPieces(len(words), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return WordPieces(len(words), np.concatenate(word_index), np.concatenate(piece_index))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The tokenizer
+
+
+@dataclass(frozen=True, eq=False)
+class DocPieces:
+    """One document ready to run: its pieces, windows (with specials), and where each piece is read.
+
+    After running window k to hidden states out_k [len(inputs[k]), width], piece p's vector is
+    out_{owner[p]}[row[p]]; `words` then pools piece vectors into word vectors.
+    """
+
+    ids: np.ndarray                            # int64 [n_pieces], no specials
+    offsets: np.ndarray                        # int64 [n_pieces, 2], character ranges into the text
+    windows: tuple[tuple[int, int], ...]       # piece ranges [start, end)
+    inputs: tuple[np.ndarray, ...]             # int64 ids of each window, specials included
+    owner: np.ndarray                          # int64 [n_pieces]: the window a piece is read from
+    row: np.ndarray                            # int64 [n_pieces]: its row in that window's output
+    words: WordPieces
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class PieceTokenizer:
+    """A `tokenizers` tokenizer.json that encodes whole texts to pieces with character offsets.
+
+    `prefix` and `suffix` are the ids of the special tokens the tokenizer wraps a text in (for BERT
+    [CLS] and [SEP], for XLM-R <s> and </s>), found by probing rather than by name.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        from tokenizers import Tokenizer
+
+        self.path = Path(path)
+        try:
+            tokenizer = Tokenizer.from_file(str(self.path))
+        except Exception as err:  # tokenizers raises a bare Exception for missing and malformed files
+            raise TokenizerError(f"{self.path}: cannot load the tokenizer: {err}") from err
+        # A saved tokenizer may pad and truncate (MiniLM's does, to 128): windows need every piece.
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self.tokenizer = tokenizer
+        self.prefix, self.suffix = self._probe_specials()
+
+    @property
+    def n_specials(self) -> int:
+        return len(self.prefix) + len(self.suffix)
+
+    def _probe_specials(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        found = set()
+        for text in PROBES:
+            plain = self.tokenizer.encode(text, add_special_tokens=False).ids
+            full = self.tokenizer.encode(text, add_special_tokens=True).ids
+            at = _find(full, plain)
+            if not plain or at < 0:
+                raise TokenizerError(
+                    f"{self.path}: cannot find the special tokens: the probe {text!r} gives pieces {plain} "
+                    f"alone and {full} with special tokens, which do not contain them in one run")
+            found.add((tuple(full[:at]), tuple(full[at + len(plain):])))
+        if len(found) != 1:
+            raise TokenizerError(f"{self.path}: the special tokens depend on the text ({sorted(found)})")
+        return found.pop()
+
+    def encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int64 [n], offsets int64 [n, 2]) of the whole text, without special tokens."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = np.asarray(encoding.ids, dtype=np.int64)
+        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        return ids, offsets
+
+    def wrap(self, ids: np.ndarray) -> np.ndarray:
+        """The ids with the special tokens around them: what the model sees for one window."""
+        return np.concatenate([np.asarray(self.prefix, np.int64), ids, np.asarray(self.suffix, np.int64)])
+
+    def window_size(self, max_length: int) -> int:
+        """Pieces per window when a window, specials included, has at most `max_length` ids."""
+        size = max_length - self.n_specials
+        if size < 2:
+            raise ValueError(
+                f"max_length {max_length} is too small: {self.path} wraps every window in "
+                f"{self.n_specials} special tokens, so max_length must be at least {self.n_specials + 2}")
+        return size
+
+    def prepare(self, doc: Doc, max_length: int) -> DocPieces:
+        """Encode, cut into windows and map the words of one document."""
+        ids, offsets = self.encode(doc.text)
+        windows = cut_windows(len(ids), self.window_size(max_length))
+        owner = nearest_windows(len(ids), windows)
+        starts = np.asarray([start for start, _ in windows], dtype=np.int64)
+        row = np.arange(len(ids), dtype=np.int64) - starts[owner] + len(self.prefix)
+        return DocPieces(
+            ids=ids, offsets=offsets, windows=windows,
+            inputs=tuple(self.wrap(ids[start:end]) for start, end in windows),
+            owner=owner, row=row, words=word_pieces(offsets, doc.words))
+
+
+def _find(haystack: Sequence[int], needle: Sequence[int]) -> int:
+    """Index of the first run of `needle` in `haystack`, -1 when there is none."""
+    n = len(needle)
+    for i in range(len(haystack) - n + 1):
+        if list(haystack[i:i + n]) == list(needle):
+            return i
+    return -1

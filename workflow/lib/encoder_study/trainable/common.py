@@ -1,0 +1,151 @@
+"""Pieces both families share: the encoder base class (freezing, settings, checkpoints) and attention."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .graph import Graph, GraphError
+
+# Sequences shorter than this are padded (with masked keys) before they run. PyTorch's CPU softmax sums
+# a row shorter than one SIMD vector (8 or 16 floats) in another order than a longer row, and GEMM
+# takes another path for a few rows, so without this a 5-token sentence alone would differ in the last
+# bit from the same sentence in a padded batch. From 16 on, extra masked keys only add exact zeros.
+MIN_LENGTH = 16
+
+
+class Encoder(nn.Module):
+    """`forward(input_ids, attention_mask) -> hidden states [batch, sequence, width]`.
+
+    Subclasses hold a `tokens` embedding table (frozen by default) and a dataclass `settings` with
+    everything besides the weights that is needed to build the module again.
+    """
+
+    tokens: nn.Embedding
+    filler_id = 0  # token id of the padding added up to MIN_LENGTH; it only reaches masked positions
+
+    def __init__(self, settings):
+        super().__init__()
+        self.settings = settings
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        seq = input_ids.shape[1]
+        if seq < MIN_LENGTH:
+            input_ids = F.pad(input_ids, (0, MIN_LENGTH - seq), value=self.filler_id)
+            attention_mask = F.pad(attention_mask, (0, MIN_LENGTH - seq), value=0)
+        return self.encode(self.embed(input_ids), attention_mask)[:, :seq]
+
+    @property
+    def embeddings_frozen(self) -> bool:
+        return self.settings.freeze_embeddings
+
+    @embeddings_frozen.setter
+    def embeddings_frozen(self, frozen: bool) -> None:
+        # The table is most of a multilingual model (mmBERT: 197M of 307M values); a tagger barely moves
+        # it, and training it would add a gradient and two AdamW moments of the same size.
+        self.settings.freeze_embeddings = bool(frozen)
+        self.tokens.weight.requires_grad_(not frozen)
+
+    def settings_dict(self) -> dict:
+        return dataclasses.asdict(self.settings)
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights a checkpoint holds: everything but the token table while it is frozen."""
+        state = self.state_dict()
+        if self.embeddings_frozen:
+            state.pop("tokens.weight")
+        return state
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """Softmax attention over [batch, heads, sequence, head_dim]; `allowed` broadcasts to the scores.
+
+    Disallowed scores are set to the dtype's minimum, not -inf: a padding query in a local layer can
+    have every key disallowed, and -inf would turn its row into NaN, which backward spreads into
+    the real rows' gradients (0 * NaN). With the minimum such a row is merely uniform, and for a real
+    row exp(minimum - max) is exactly 0, so padding keys add nothing.
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return torch.matmul(scores.softmax(dim=-1), v)
+
+
+def padding_keys(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[batch, sequence] 0/1 -> bool [batch, 1, 1, sequence]: which keys every query may see."""
+    return attention_mask.bool()[:, None, None, :]
+
+
+def copy_weights(module: nn.Module, weights: dict[str, np.ndarray], names: dict[str, str], path,
+                 also_used: tuple[str, ...] = ()) -> None:
+    """Copy graph arrays into `module`'s parameters: `names` maps parameter name -> graph name.
+
+    Copies, never views: the exporter stores equal tensors once, and weights that merely started
+    equal (fresh norms, zero biases) must not stay tied while training. A graph weight that nothing
+    reads means a variant these modules do not implement (relative positions, extra projections),
+    whose output they would silently get wrong, so it is refused.
+    """
+    unused = sorted(set(weights) - set(names.values()) - set(also_used))
+    unused = [n for n in unused if not n.startswith("pooler.")]  # pooled output, not hidden states
+    if unused:
+        raise GraphError(f"{path}: the graph has weights this family does not use ({', '.join(unused[:3])}"
+                         f"{', ...' if len(unused) > 3 else ''}); it is another architecture or variant")
+    params = dict(module.named_parameters())
+    for param_name, graph_name in names.items():
+        if graph_name not in weights:
+            raise GraphError(f"{path}: the graph has no weight {graph_name!r} (needed for {param_name})")
+        value = torch.from_numpy(np.array(weights[graph_name], dtype=np.float32, copy=True))
+        target = params[param_name]
+        if tuple(value.shape) != tuple(target.shape):
+            raise GraphError(f"{path}: {graph_name!r} has shape {tuple(value.shape)}, expected "
+                             f"{tuple(target.shape)} for {param_name}")
+        with torch.no_grad():
+            target.copy_(value)
+
+
+def graph_head_dim(graph: Graph) -> int | None:
+    """The head size the graph's attention scale says, or None.
+
+    Eager attention multiplies q·kᵀ by the constant 1/sqrt(head_dim) (older code divides by
+    sqrt(head_dim)); the weights alone cannot tell 12 heads of 32 from 6 of 64.
+    """
+    sizes = set()
+    for node in graph.nodes:
+        if node.op_type != "MatMul" or any(graph.resolve(i) in graph.initializers for i in node.input):
+            continue
+        for user in graph.consumers.get(node.output[0], []):
+            if user.op_type not in ("Mul", "Div"):
+                continue
+            for name in user.input:
+                value = graph.constant(name)
+                if value is not None and value.size == 1 and value.dtype.kind == "f":
+                    c = float(value.reshape(()))
+                    if c > 0:
+                        sizes.add(round(c ** -2) if user.op_type == "Mul" else round(c ** 2))
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def choose_heads(path, width: int, given: int | None, config: dict, head_dim_hint: int | None) -> int:
+    """Given > num_attention_heads in the config beside the graph > the graph's hint > width / 64."""
+    if given:
+        heads = int(given)
+    elif config.get("num_attention_heads"):
+        heads = int(config["num_attention_heads"])
+    elif head_dim_hint:
+        heads = width // head_dim_hint
+    else:
+        heads = max(1, width // 64)
+    if heads <= 0 or width % heads:
+        raise GraphError(f"{path}: width {width} does not split into {heads} heads; give heads=")
+    return heads
+
+
+def float_setting(value) -> float | None:
+    return None if value is None else float(value)
