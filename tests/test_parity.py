@@ -79,3 +79,32 @@ def test_commands_write_rows_table_plot_and_fragments(tiny_exports, models_dir, 
     assert [r["model"] for r in rows] == ["bert-tiny", "xlmr-tiny"]
     assert (tmp_path / "inference.png").read_bytes().startswith(b"\x89PNG")
     assert "Inference parity" in (tmp_path / "prov/parity/parity_table.md").read_text()
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_trainable_parity_on_tiny_models(tiny_exports, models_dir, name):
+    model = parity.Model.load(tiny_exports[name], models_dir / "sources" / name / "source.json")
+    rows = parity.trainable_parity(model, TEXTS, threads=1)
+    assert [r["comparison"] for r in rows] == list(parity.COMPARISONS)
+    family = "modernbert" if name.startswith("modernbert") else "postnorm"
+    for row in rows:
+        assert row["family"] == family and row["batch_equal"] is True
+        assert row["max_abs"] < 2e-5 and row["min_cos"] > 0.99999 and row["tokens"] > len(TEXTS)
+
+
+def test_trainable_table_command(tiny_exports, models_dir, tmp_path):
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"id": i, "source": "udhr", "lang": "eng", "text": t}) + "\n"
+                             for i, t in enumerate(TEXTS[:4])))
+    part = tmp_path / "trainable" / "modernbert-tiny.csv"
+    source = models_dir / "sources" / "modernbert-tiny" / "source.json"
+    assert parity.main(["trainable", "--model-dir", str(tiny_exports["modernbert-tiny"]), "--source",
+                        str(source), "--texts", str(texts),
+                        "--out", str(part), "--provenance",
+                        str(tmp_path / "prov/parity/parity_trainable-modernbert-tiny.md")]) == 0
+    table = tmp_path / "trainable.csv"
+    assert parity.main(["gather", "--kind", "trainable", "--out", str(table), "--markdown",
+                        str(tmp_path / "trainable.md"), "--provenance", str(tmp_path / "prov/parity/t.md"),
+                        str(part)]) == 0
+    assert [r["comparison"] for r in parity.read_csv(table)] == list(parity.COMPARISONS)
+    assert "batches of 8 = alone" in (tmp_path / "trainable.md").read_text()

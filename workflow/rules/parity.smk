@@ -28,6 +28,31 @@ rule parity_inference:
         " --out {output.row:q} --diffs {output.diffs:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
+rule parity_trainable:
+    input:
+        texts="results/texts/parity_texts.jsonl",
+        model=multiext("results/models/{model}/", "model.onnx", "tokenizer.json", "export.json"),
+        source="results/sources/{model}/source.json",
+        code=lib_code("parity"),
+    output:
+        rows="results/parity/trainable/{model}.csv",
+        prov=prov("parity", "parity_trainable", "{model}"),
+    threads: threads_for("parity_trainable")
+    log:
+        "logs/parity/parity_trainable-{model}.log",
+    benchmark:
+        "results/benchmarks/parity_trainable/{model}.tsv"
+    resources:
+        mem_mb=resources_for("parity_trainable", "mem_mb"),
+        runtime=resources_for("parity_trainable", "runtime"),
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study parity trainable --model-dir results/models/{wildcards.model:q}"
+        " --source {input.source:q} --texts {input.texts:q} --threads {threads}"
+        " --out {output.rows:q} --provenance {output.prov:q} > {log:q} 2>&1"
+
+
 rule parity_latency:
     input:
         model=multiext("results/models/{model}/", "model.onnx", "tokenizer.json", "export.json"),
@@ -79,6 +104,23 @@ rule parity_table:
         " --plot {output.plot:q} --provenance {output.prov:q} {input.rows:q} > {log:q} 2>&1"
 
 
+rule trainable_table:
+    input:
+        rows=expand("results/parity/trainable/{model}.csv", model=MODELS),
+        code=lib_code("parity"),
+    output:
+        table="results/parity/trainable.csv",
+        markdown="results/parity/trainable.md",
+        prov=prov("parity", "trainable_table"),
+    log:
+        "logs/parity/trainable_table.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study parity gather --kind trainable --out {output.table:q} --markdown {output.markdown:q}"
+        " --provenance {output.prov:q} {input.rows:q} > {log:q} 2>&1"
+
+
 rule latency_table:
     input:
         rows=expand("results/parity/latency/{model}.csv", model=MODELS),
@@ -99,6 +141,8 @@ rule latency_table:
 register("parity", [prov("parity", "select_texts")]
          + [prov("parity", "parity_inference", m) for m in MODELS]
          + [prov("parity", "parity_table")]
+         + [prov("parity", "parity_trainable", m) for m in MODELS]
+         + [prov("parity", "trainable_table")]
          + [prov("parity", "parity_latency", m) for m in MODELS]
          + [prov("parity", "latency_table")])
 
@@ -107,5 +151,6 @@ rule parity:
     input:
         "results/texts/parity_texts.jsonl",
         "results/parity/inference.csv",
+        "results/parity/trainable.csv",
         "results/parity/latency.csv",
         recipe_target("parity"),

@@ -23,6 +23,9 @@ from .runtime import ort_session, usable_positions
 
 INFERENCE_COLUMNS = ["model", "tokens", "texts", "truncated", "max_abs", "mean_abs", "min_cos", "mean_cos",
                      "max_value", "batch_max_abs"]
+TRAINABLE_COLUMNS = ["model", "family", "comparison", "tokens", "max_abs", "mean_abs", "min_cos", "max_value",
+                     "batch_equal"]
+COMPARISONS = ("trainable vs pytorch", "trainable vs graph runtime", "graph runtime vs pytorch")
 LATENCY_COLUMNS = ["model", "runtime", "threads", "batch", "seq_len", "median_ms", "min_ms", "max_ms", "runs"]
 
 
@@ -155,6 +158,60 @@ def inference_parity(model: Model, texts: list[str], threads: int, batch: int = 
     return result, diffs
 
 
+class Accumulator:
+    """Running max abs, mean abs, min cosine and largest value of one comparison over many texts."""
+
+    def __init__(self):
+        self.tokens, self.elements, self.abs_sum = 0, 0, 0.0
+        self.max_abs, self.min_cos, self.max_value = 0.0, 1.0, 0.0
+
+    def add(self, reference: np.ndarray, other: np.ndarray) -> None:
+        diff, cos = token_differences(reference, other)
+        self.tokens += diff.size
+        self.elements += reference.size
+        self.abs_sum += float(np.abs(reference.astype(np.float64) - other).sum())
+        self.max_abs = max(self.max_abs, float(diff.max()))
+        self.min_cos = min(self.min_cos, float(cos.min()))
+        self.max_value = max(self.max_value, float(np.abs(reference).max()))
+
+    def row(self) -> dict:
+        return {"tokens": self.tokens, "max_abs": self.max_abs, "mean_abs": self.abs_sum / self.elements,
+                "min_cos": self.min_cos, "max_value": self.max_value}
+
+
+def trainable_parity(model: Model, texts: list[str], threads: int, batch: int = 8) -> list[dict]:
+    """The trainable modules against PyTorch and the graph runtime, one text per run, every token;
+    and whether padded batches of `batch` give exactly (bitwise) the rows of the texts run alone."""
+    from . import trainable
+
+    torch.set_num_threads(threads)
+    encoder = trainable.load(model.onnx_path)
+    family = encoder.settings_dict()["family"]
+    session = ort_session(model.onnx_path, threads)
+    rows, _ = model.encode(texts)
+    pairs = {name: Accumulator() for name in COMPARISONS}
+    singles = []
+    for row in rows:
+        ids, mask = _pad([row], model.pad_id)
+        reference = _torch_states(model.torch_model, ids, mask)[0]
+        graph = session.run([export.OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
+        with torch.no_grad():
+            mine = encoder(torch.from_numpy(ids), torch.from_numpy(mask))[0].numpy()
+        pairs["trainable vs pytorch"].add(reference, mine)
+        pairs["trainable vs graph runtime"].add(graph, mine)
+        pairs["graph runtime vs pytorch"].add(reference, graph)
+        singles.append(mine)
+    equal = True
+    for start in range(0, len(rows), batch):
+        chunk = rows[start:start + batch]
+        ids, mask = _pad(chunk, model.pad_id)
+        with torch.no_grad():
+            out = encoder(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        equal &= all(np.array_equal(out[i, : len(r)], singles[start + i]) for i, r in enumerate(chunk))
+    return [{"model": model.name, "family": family, "comparison": name, **acc.row(), "batch_equal": equal}
+            for name, acc in pairs.items()]
+
+
 def time_call(fn, warmup: int, runs: int) -> list[float]:
     for _ in range(warmup):
         fn()
@@ -215,6 +272,15 @@ def inference_markdown(rows: list[dict]) -> str:
           f"{float(r['batch_max_abs']):.2g}") for r in rows], "lrrrrrrr")
 
 
+def trainable_markdown(rows: list[dict]) -> str:
+    return provenance.markdown_table(
+        ["model", "family", "comparison", "tokens", "max abs", "mean abs", "min cosine", "largest value",
+         "batches of 8 = alone"],
+        [(r["model"], r["family"], r["comparison"], f"{int(r['tokens']):,}", f"{float(r['max_abs']):.2g}",
+          f"{float(r['mean_abs']):.2g}", f"{float(r['min_cos']):.8f}", f"{float(r['max_value']):.3g}",
+          "yes" if str(r["batch_equal"]) == "True" else "NO") for r in rows], "lllrrrrrl")
+
+
 def latency_markdown(rows: list[dict]) -> str:
     return provenance.markdown_table(
         ["model", "runtime", "threads", "batch", "seq len", "median ms", "min ms", "max ms"],
@@ -259,24 +325,25 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="encoder-study parity", description=main.__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
-    for action in ("inference", "latency"):
+    for action in ("inference", "trainable", "latency"):
         p = sub.add_parser(action)
         provenance.add_arguments(p)
         p.add_argument("--model-dir", required=True, help="results/models/<model>")
         p.add_argument("--source", required=True, help="results/sources/<model>/source.json")
         p.add_argument("--threads", type=int, default=1)
         p.add_argument("--out", required=True, help="the model's CSV row(s)")
-        if action == "inference":
+        if action in ("inference", "trainable"):
             p.add_argument("--texts", required=True, help="results/texts/parity_texts.jsonl")
+        if action == "inference":
             p.add_argument("--diffs", required=True, help=".npy of per-token max abs differences")
-        else:
+        if action == "latency":
             p.add_argument("--batches", default="1,8")
             p.add_argument("--seq-len", type=int, default=64)
             p.add_argument("--warmup", type=int, default=3)
             p.add_argument("--runs", type=int, default=20)
     p = sub.add_parser("gather")
     provenance.add_arguments(p)
-    p.add_argument("--kind", choices=["inference", "latency"], required=True)
+    p.add_argument("--kind", choices=["inference", "trainable", "latency"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--markdown", required=True)
     p.add_argument("--plot", help="PNG of the per-token differences (inference)")
@@ -304,6 +371,15 @@ def main(argv: list[str] | None = None) -> int:
                 frag.table("Inference parity", inference_markdown(rows))
                 if row.truncated:
                     frag.note(f"{row.truncated} texts were cut to the model's {model.max_pieces} positions")
+            elif args.action == "trainable":
+                frag.inputs.append(args.texts)
+                rows = trainable_parity(model, [r["text"] for r in read_texts(args.texts)], threads)
+                files.write_text(args.out, csv_text(rows, TRAINABLE_COLUMNS))
+                frag.outputs.append(args.out)
+                frag.table("Trainable parity", trainable_markdown(rows))
+                if not rows[0]["batch_equal"]:
+                    raise ParityError(f"{model.name}: padded batches of the trainable modules differ from "
+                                      "the texts run alone; the design promises exact equality")
             else:
                 before = load_average()
                 rows = latency(model, threads, tuple(int(b) for b in args.batches.split(",")), args.seq_len,
@@ -321,14 +397,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _gather(args, frag: provenance.Fragment) -> None:
     """Concatenate per-model CSVs (sorted by model) into the table, its Markdown and the plot."""
-    columns = INFERENCE_COLUMNS if args.kind == "inference" else LATENCY_COLUMNS
+    columns, render, title = {
+        "inference": (INFERENCE_COLUMNS, inference_markdown, "Inference parity"),
+        "trainable": (TRAINABLE_COLUMNS, trainable_markdown, "Trainable parity"),
+        "latency": (LATENCY_COLUMNS, latency_markdown, "Latency"),
+    }[args.kind]
     rows = []
     for part in sorted(args.parts):
-        rows += read_csv(part)
+        rows += read_csv(part)  # within a part, rows keep the order the command wrote them in
         frag.inputs.append(part)
-    rows.sort(key=lambda r: (r["model"], r.get("runtime", ""), int(r.get("batch", 0))))
+    rows.sort(key=lambda r: r["model"])  # stable: runtimes, batches and comparisons keep their order
     files.write_text(args.out, csv_text(rows, columns))
-    markdown = inference_markdown(rows) if args.kind == "inference" else latency_markdown(rows)
+    markdown = render(rows)
     files.write_text(args.markdown, markdown)
     frag.outputs += [args.out, args.markdown]
     if args.plot:
@@ -339,4 +419,4 @@ def _gather(args, frag: provenance.Fragment) -> None:
             frag.inputs.append(diffs)
         plot_differences(per_model, args.plot)
         frag.outputs.append(args.plot)
-    frag.table("Inference parity" if args.kind == "inference" else "Latency", markdown)
+    frag.table(title, markdown)
