@@ -15,6 +15,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/export.smk"
+include: "workflow/rules/parity.smk"
 include: "workflow/rules/provenance.smk"
 
 
@@ -27,3 +28,4 @@ rule all:
     default_target: True
     input:
         rules.export.input,
+        rules.parity.input,

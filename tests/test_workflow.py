@@ -53,7 +53,7 @@ def test_lib_code_follows_imports():
     """The rerun trigger: a rule using `export` lists every package module export imports."""
     package = ROOT / "workflow/lib/encoder_study"
     assert {Path(p).stem for p in deps.code_files(package, "export")} == {
-        "__init__", "cli", "export", "acquire", "files", "manifest", "provenance", "tiny"}
+        "__init__", "cli", "export", "acquire", "files", "manifest", "provenance", "runtime", "tiny"}
     assert {Path(p).stem for p in deps.code_files(package, "provenance")} == {
         "__init__", "cli", "provenance", "files"}
 
@@ -80,7 +80,10 @@ def small_workflow(tmp_path_factory) -> Path:
         else:
             shutil.copy2(source, copy / part)
     (copy / "config" / "config.yaml").write_text(
-        "models:\n  - {name: bert-tiny, source: tiny, architecture: config/models/bert-tiny.json, seed: 0}\n")
+        "models:\n  - {name: bert-tiny, source: tiny, architecture: config/models/bert-tiny.json, seed: 0}\n"
+        "texts: {tatoeba: config/texts/tatoeba_sample.tsv, udhr: config/texts/udhr_sample,"
+        " tatoeba_count: 12, udhr_count: 4}\n"
+        "parity: {latency_runs: 2, latency_warmup: 1}\n")
     result = snakemake("--cores", "2", "all", cwd=copy)
     assert result.returncode == 0, result.stdout + result.stderr
     return copy
@@ -92,6 +95,9 @@ def test_all_exports_with_manifest_and_provenance(small_workflow):
     joined = (small_workflow / "provenance/export/PROVENANCE.md").read_text()
     assert joined.index("acquire_model (bert-tiny)") < joined.index("export_model (bert-tiny)")
     assert "results/models/bert-tiny/model.onnx" in joined
+    for table in ("inference", "trainable", "latency"):
+        assert (small_workflow / f"results/parity/{table}.csv").read_text().count("\nbert-tiny,") >= 1
+    assert len((small_workflow / "results/texts/parity_texts.jsonl").read_text().splitlines()) == 16
 
 
 def test_second_run_does_nothing(small_workflow):
@@ -107,6 +113,7 @@ def test_changing_a_package_module_reruns_its_users(small_workflow):
     out = result.stdout
     assert result.returncode == 0
     assert "rule export_model:" in out and "rule acquire_model:" not in out  # acquire does not import it
+    assert "rule select_texts:" not in out  # texts does not import manifest
     result = snakemake("--cores", "2", "export", cwd=small_workflow)
     assert result.returncode == 0, result.stderr
 

@@ -17,7 +17,21 @@ LIB = Path("workflow/lib/encoder_study")
 # without activating the environment (with --sdm conda the job's own environment comes first).
 os.environ.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 CONDA_ENV = "../../envs/workflow.yaml"
-CORES = workflow.cores if isinstance(workflow.cores, int) else (os.cpu_count() or 1)
+MACHINE_CORES = os.cpu_count() or 1
+
+
+def _workflow_cores():
+    try:
+        return int(workflow.cores)
+    except (WorkflowError, TypeError):  # no --cores given (e.g. --lint)
+        return MACHINE_CORES
+
+
+CORES = _workflow_cores()
+# Locally, --cores may exceed the machine's cores (the README's `--cores 8` on a 2-core machine). Each
+# thread a job runs then claims several of Snakemake's slots, so that jobs never run more threads at
+# once than the machine has: oversubscribed PyTorch runs several times slower.
+SLOTS_PER_THREAD = max(1, -(-CORES // MACHINE_CORES)) if workflow.local_exec else 1
 
 # recipe -> fragments in the order the workflow makes them; each rule file appends its own.
 RECIPES = {}
@@ -43,8 +57,14 @@ def recipe_target(recipe):
 
 
 def threads_for(rule):
-    """Threads from the config, capped by the cores the workflow was given."""
-    return min(int(config["threads"].get(rule, config["threads"]["default"])), CORES)
+    """Threads a job of `rule` runs: the config's, capped by --cores and, locally, the machine."""
+    wanted = int(config["threads"].get(rule, config["threads"]["default"]))
+    return max(1, min(wanted, CORES, MACHINE_CORES if workflow.local_exec else CORES))
+
+
+def slots_for(rule, threads=None):
+    """Snakemake's `threads:` for a job that runs `threads` (default: threads_for(rule)) threads."""
+    return min(CORES, (threads or threads_for(rule)) * SLOTS_PER_THREAD)
 
 
 def resources_for(rule, key):
@@ -63,6 +83,34 @@ def _model_specs(entries):
 
 MODEL_SPECS = _model_specs(config["models"])
 MODELS = sorted(MODEL_SPECS)
+
+
+def is_download(name):
+    return re.match(r"^https?://", config["texts"][name]) is not None
+
+
+def text_source(name):
+    """The local file (or directory) a text source is read from: fetched by rule fetch_texts if a URL."""
+    location = config["texts"][name]
+    if is_download(name):
+        return f"results/texts/sources/{name}{url_suffix(location)}"
+    return location[len("file://"):] if location.startswith("file://") else location
+
+
+def text_source_files(name):
+    """Inputs of a text source: every file of a directory, so that editing one reruns the selection."""
+    path = Path(text_source(name))
+    if not is_download(name) and path.is_dir():
+        return sorted(str(p) for p in path.rglob("*") if p.is_file())
+    return [str(path)]
+
+
+def url_suffix(url):
+    name = url.rsplit("/", 1)[-1]
+    for suffix in (".tar.bz2", ".tar.gz", ".zip", ".csv", ".tsv"):
+        if name.endswith(suffix):
+            return suffix
+    return Path(name).suffix
 
 
 def acquire_inputs(wildcards):

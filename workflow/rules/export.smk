@@ -10,6 +10,7 @@ rule acquire_model:
         prov=prov("export", "acquire_model", "{model}"),
     params:
         spec=lambda wc: json.dumps(MODEL_SPECS[wc.model], sort_keys=True),
+    threads: slots_for("acquire_model", threads=1)
     log:
         "logs/export/acquire_model-{model}.log",
     benchmark:
@@ -39,7 +40,8 @@ rule export_model:
         opset=config["export"]["opset"],
         tolerance=config["export"]["tolerance"],
         optimization=config["export"]["ort_optimization"],
-    threads: threads_for("export_model")
+        threads=threads_for("export_model"),
+    threads: slots_for("export_model")
     log:
         "logs/export/export_model-{model}.log",
     benchmark:
@@ -52,7 +54,7 @@ rule export_model:
     shell:
         "encoder-study export --source {input.source:q} --out-dir results/models/{wildcards.model:q}"
         " --opset {params.opset} --tolerance {params.tolerance}"
-        " --ort-optimization {params.optimization} --threads {threads}"
+        " --ort-optimization {params.optimization} --threads {params.threads}"
         " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
