@@ -28,12 +28,11 @@ class SourceError(RuntimeError):
 
 
 def local_path(path_or_url: str) -> Path:
-    """A filesystem path from a plain path or a file:// URL."""
-    if path_or_url.startswith("file://"):
-        return Path(urllib.parse.unquote(urllib.parse.urlparse(path_or_url).path))
-    if "://" in path_or_url:
+    """A filesystem path from a plain path or a file:// URL; a network URL raises SourceError."""
+    path = files.local_path(path_or_url)
+    if path is None:
         raise SourceError(f"{path_or_url}: only local paths and file:// URLs are accepted here")
-    return Path(path_or_url)
+    return path
 
 
 def _require_model_dir(name: str, model_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""Hashing and atomic writes: a reader never sees a half-written file."""
+"""Hashing, atomic writes and checked downloads: a reader never sees a half-written or unchecked file."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 CHUNK = 1 << 20
@@ -16,6 +18,10 @@ CHUNK = 1 << 20
 
 class IntegrityError(RuntimeError):
     """A file is missing or its bytes are not the ones a manifest promises."""
+
+
+class DownloadError(RuntimeError):
+    """A source cannot be read or downloaded; the message names it and the way around it."""
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -116,3 +122,69 @@ def publish(staged: Path, target_dir: str | os.PathLike, names: list[str]) -> No
     target_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
         os.replace(staged / name, target_dir / name)
+
+
+# --- downloads ------------------------------------------------------------------------------------
+
+def local_path(path_or_url: str) -> Path | None:
+    """The filesystem path of a plain path or file:// URL; None for a network URL."""
+    if path_or_url.startswith("file://"):
+        return Path(urllib.parse.unquote(urllib.parse.urlparse(path_or_url).path))
+    if "://" in path_or_url:
+        return None
+    return Path(path_or_url)
+
+
+def pinned(sha256: str | None) -> str | None:
+    """A pinned SHA-256 in lowercase, or None when none is pinned ('' or None).
+
+    Anything else than 64 hexadecimal digits raises ValueError (callers wrap it in their own error).
+    """
+    if not sha256:
+        return None
+    value = sha256.strip().lower()
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise ValueError(f"{sha256!r} is not a SHA-256 (64 hexadecimal digits); give the file's SHA-256, "
+                         "or an empty string to record it instead of checking it")
+    return value
+
+
+def download(source: str, dest: str | os.PathLike, sha256: str | None = None, timeout: float = 60.0,
+             validate: Callable[[Path], object] | None = None) -> str:
+    """Copy a URL (http, https, file://) or a local path to `dest`; return the file's SHA-256.
+
+    The bytes stream to a temporary file beside `dest`, hashed while they are copied; `dest` gets them
+    only when the SHA-256 matches `sha256` (if one is pinned) and `validate(temporary path)` (if given)
+    returns without raising. A different hash raises IntegrityError naming the source, the expected
+    and the actual SHA-256; a missing file or a failed transfer raises DownloadError. In every failure
+    `dest` is left as it was. Without a pin, the caller records the returned hash.
+    """
+    expected = pinned(sha256)
+    path = local_path(source)
+    if path is not None and not path.is_file():
+        raise DownloadError(f"{source}: no such file; give a path, a file:// URL or an http(s) URL")
+    digest = hashlib.sha256()
+    with atomic_path(dest) as tmp:  # renamed onto dest only when the block succeeds
+        try:
+            if path is not None:
+                stream = open(path, "rb")
+            else:
+                request = urllib.request.Request(source, headers={"User-Agent": "encoder-study"})
+                stream = urllib.request.urlopen(request, timeout=timeout)
+            with stream, open(tmp, "wb") as out:
+                while chunk := stream.read(CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except OSError as err:  # URLError and HTTPError are OSErrors too
+            raise DownloadError(f"{source}: download failed ({err}); on a machine without network, fetch the "
+                                "file elsewhere and give its local path or file:// URL with its SHA-256"
+                                ) from err
+        actual = digest.hexdigest()
+        if expected and actual != expected:
+            raise IntegrityError(
+                f"download {source} does not match: expected SHA-256 {expected}, actual {actual}; the "
+                f"source changed or the pin is wrong: check it, then fix the pin or restore the original "
+                f"({dest} was left as it was)")
+        if validate is not None:
+            validate(tmp)
+    return actual

@@ -6,8 +6,6 @@ also compared with the same texts run alone. Latency times both runtimes on the 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import statistics
@@ -18,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import acquire, export, files, manifest, provenance
+from . import acquire, export, files, manifest, provenance, tables
 from .runtime import ort_session, usable_positions
 
 INFERENCE_COLUMNS = ["model", "tokens", "texts", "truncated", "max_abs", "mean_abs", "min_cos", "mean_cos",
@@ -248,19 +246,8 @@ def latency(model: Model, threads: int, batches: tuple[int, ...] = (1, 8), seq_l
     return rows
 
 
-def csv_text(rows: list[dict], columns: list[str]) -> str:
-    """CSV with floats as Python's shortest round-trip repr, so equal numbers give equal bytes."""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: repr(v) if isinstance(v, float) else v for k, v in row.items()})
-    return out.getvalue()
-
-
-def read_csv(path: str | os.PathLike) -> list[dict]:
-    with open(path, encoding="utf-8", newline="") as handle:
-        return list(csv.DictReader(handle))
+csv_text = tables.csv_text  # floats (numpy's too) as the shortest round-trip repr: equal numbers, equal bytes
+read_csv = tables.read_csv
 
 
 def inference_markdown(rows: list[dict]) -> str:

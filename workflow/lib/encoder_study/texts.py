@@ -46,8 +46,6 @@ import os
 import re
 import sys
 import tarfile
-import urllib.parse
-import urllib.request
 import xml.etree.ElementTree as ET
 import zipfile
 from collections import Counter, defaultdict
@@ -130,7 +128,6 @@ TATOEBA_NOT_ISO = frozenset({"cycl"})
 
 LANG_CODE = re.compile(r"[a-z]{3}")
 SCRIPT_CODE = re.compile(r"[A-Z][a-z]{3}")
-SHA256 = re.compile(r"[0-9a-f]{64}")
 GRAPHEME = regex.compile(r"\X")
 TATOEBA_MEMBER = "sentences.csv"
 UDHR_FILE = re.compile(r"(?:^|/)udhr_([^/]+)\.xml$")
@@ -401,24 +398,15 @@ def cut(text: str, max_chars: int) -> str:
 
 # --- fetching -------------------------------------------------------------------------------------
 
-def local_path(path_or_url: str) -> Path | None:
-    """The filesystem path of a plain path or file:// URL; None for a network URL."""
-    if path_or_url.startswith("file://"):
-        return Path(urllib.parse.unquote(urllib.parse.urlparse(path_or_url).path))
-    if "://" in path_or_url:
-        return None
-    return Path(path_or_url)
+local_path = files.local_path  # a plain path or file:// URL -> Path; a network URL -> None
 
 
 def pinned(sha256: str | None, what: str) -> str | None:
     """A pinned SHA-256 in lowercase, or None for none ('' or None)."""
-    if not sha256:
-        return None
-    value = sha256.strip().lower()
-    if not SHA256.fullmatch(value):
-        raise TextError(f"{what}: {sha256!r} is not a SHA-256 (64 hexadecimal digits); give the file's "
-                        "SHA-256, or an empty string to record it instead of checking it")
-    return value
+    try:
+        return files.pinned(sha256)
+    except ValueError as err:
+        raise TextError(f"{what}: {err}") from err
 
 
 def fetch(source: str, dest: str | os.PathLike, sha256: str | None = None, timeout: float = 60.0) -> str:
@@ -426,33 +414,13 @@ def fetch(source: str, dest: str | os.PathLike, sha256: str | None = None, timeo
 
     With `sha256` pinned, a different file raises IntegrityError (naming the source, the expected and
     the actual SHA-256) and `dest` is left as it was; without, the caller records the returned hash.
+    See files.download.
     """
     expected = pinned(sha256, f"SHA-256 for {source}")
-    path = local_path(source)
-    if path is not None and not path.is_file():
-        raise TextError(f"{source}: no such file; give a path, a file:// URL or an http(s) URL")
-    digest = hashlib.sha256()
-    with files.atomic_path(dest) as tmp:  # renamed onto dest only when the hash is right
-        try:
-            if path is not None:
-                stream = open(path, "rb")
-            else:
-                request = urllib.request.Request(source, headers={"User-Agent": "encoder-study"})
-                stream = urllib.request.urlopen(request, timeout=timeout)
-            with stream, open(tmp, "wb") as out:
-                while chunk := stream.read(files.CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-        except OSError as err:  # URLError and HTTPError are OSErrors too
-            raise TextError(f"{source}: download failed ({err}); on a machine without network, fetch the "
-                            "file elsewhere and give its local path or file:// URL with its SHA-256") from err
-        actual = digest.hexdigest()
-        if expected and actual != expected:
-            raise files.IntegrityError(
-                f"download {source} does not match: expected SHA-256 {expected}, actual {actual}; the "
-                f"source changed or the pin is wrong: check it, then fix the pin or restore the original "
-                f"({dest} was left as it was)")
-    return actual
+    try:
+        return files.download(source, dest, expected, timeout=timeout)
+    except files.DownloadError as err:
+        raise TextError(str(err)) from err
 
 
 def source_sha256(path: str | os.PathLike, sha256: str | None, what: str) -> tuple[str, bool]:

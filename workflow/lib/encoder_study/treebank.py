@@ -31,11 +31,8 @@ to one root), valid for the evaluation script but not a real analysis: only UPOS
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
-import urllib.parse
-import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -389,24 +386,15 @@ def upos_table(by_split: dict[str, Sequence[Sentence]]) -> str:
 # Fetching
 
 
-def local_path(path_or_url: str) -> Path | None:
-    """The filesystem path of a plain path or file:// URL; None for a network URL."""
-    if path_or_url.startswith("file://"):
-        return Path(urllib.parse.unquote(urllib.parse.urlparse(path_or_url).path))
-    if "://" in path_or_url:
-        return None
-    return Path(path_or_url)
+local_path = files.local_path  # a plain path or file:// URL -> Path; a network URL -> None
 
 
 def pinned(sha256: str | None) -> str | None:
     """A pinned SHA-256 in lowercase, or None when none is pinned ('' or None)."""
-    if not sha256:
-        return None
-    value = sha256.strip().lower()
-    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
-        raise TreebankError(f"{sha256!r} is not a SHA-256 (64 hexadecimal digits); give the file's SHA-256, "
-                            "or an empty string to record it on download instead of checking it")
-    return value
+    try:
+        return files.pinned(sha256)
+    except ValueError as err:
+        raise TreebankError(str(err)) from err
 
 
 @dataclass(frozen=True)
@@ -425,31 +413,15 @@ def fetch(source: str, dest: str | os.PathLike, sha256: str | None = None, timeo
     pin, the returned hash is what the caller records.
     """
     expected = pinned(sha256)
-    path = local_path(source)
-    if path is not None and not path.is_file():
-        raise TreebankError(f"{source}: no such file; give a path, a file:// URL or an http(s) URL")
-    digest = hashlib.sha256()
-    with files.atomic_path(dest) as tmp:
-        try:
-            if path is not None:
-                stream = open(path, "rb")
-            else:
-                request = urllib.request.Request(source, headers={"User-Agent": "encoder-study"})
-                stream = urllib.request.urlopen(request, timeout=timeout)
-            with stream, open(tmp, "wb") as out:
-                while chunk := stream.read(files.CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-        except OSError as err:  # URLError and HTTPError are OSErrors too
-            raise TreebankError(f"{source}: download failed ({err}); on a machine without network, fetch "
-                                "the file elsewhere and give its path or file:// URL with its SHA-256"
-                                ) from err
-        actual = digest.hexdigest()
-        if expected and actual != expected:
-            raise files.IntegrityError(
-                f"download {source} does not match: expected SHA-256 {expected}, actual {actual}; the "
-                f"source changed or the pin is wrong: check it, then fix the pin ({dest} was left as it was)")
-        sentences = read_conllu(tmp, name=source)
+    sentences: list[Sentence] = []
+
+    def parse(tmp: Path) -> None:  # before the rename: a malformed file never reaches dest
+        sentences.extend(read_conllu(tmp, name=source))
+
+    try:
+        actual = files.download(source, dest, expected, timeout=timeout, validate=parse)
+    except files.DownloadError as err:
+        raise TreebankError(str(err)) from err
     return Fetched(Path(dest), actual, expected is not None, sentences)
 
 

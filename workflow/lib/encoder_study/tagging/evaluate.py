@@ -30,8 +30,6 @@ rows by their key columns, so equal results give equal bytes; each has a Markdow
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,7 +39,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from .. import files, provenance
+from .. import files, provenance, tables
 
 RESAMPLES = 10_000
 CONFIDENCE = 0.95
@@ -246,18 +244,6 @@ def comparison_row(a: str, b: str, split: str, difference: Difference) -> dict:
             "resamples": d.resamples, "seed": d.seed, "method": d.method, "confidence": d.confidence}
 
 
-def _text(value) -> str:
-    # repr is the shortest string that reads back as the same float; float() first because a numpy
-    # float's repr is "np.float64(...)".
-    if isinstance(value, bool | np.bool_):
-        return str(bool(value))
-    if isinstance(value, float | np.floating):
-        return repr(float(value))
-    if isinstance(value, int | np.integer):
-        return str(int(value))
-    return str(value)
-
-
 def _ordered(rows: Iterable[Mapping], columns: list[str], keys: list[str]) -> list[dict[str, str]]:
     """Rows as text, checked against the columns and sorted by their keys (then by every cell)."""
     out = []
@@ -266,7 +252,7 @@ def _ordered(rows: Iterable[Mapping], columns: list[str], keys: list[str]) -> li
         extra = [c for c in row if c not in columns]
         if missing or extra:
             raise ValueError(f"table row {dict(row)}: missing columns {missing}, unknown columns {extra}")
-        out.append({c: _text(row[c]) for c in columns})
+        out.append({c: tables.cell(row[c]) for c in columns})
     out.sort(key=lambda r: ([r[k] for k in keys], [r[c] for c in columns]))
     seen = set()
     for r in out:
@@ -277,22 +263,14 @@ def _ordered(rows: Iterable[Mapping], columns: list[str], keys: list[str]) -> li
     return out
 
 
-def _csv(rows: list[dict[str, str]], columns: list[str]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
-
-
 def scores_csv(rows: Iterable[Mapping]) -> str:
     """scores.csv text: SCORE_COLUMNS, one row per (run, encoder, mode, pooling, split), sorted."""
-    return _csv(_ordered(rows, SCORE_COLUMNS, SCORE_KEYS), SCORE_COLUMNS)
+    return tables.csv_text(_ordered(rows, SCORE_COLUMNS, SCORE_KEYS), SCORE_COLUMNS)
 
 
 def comparisons_csv(rows: Iterable[Mapping]) -> str:
     """comparisons.csv text: COMPARISON_COLUMNS, one row per (split, a, b), sorted."""
-    return _csv(_ordered(rows, COMPARISON_COLUMNS, COMPARISON_KEYS), COMPARISON_COLUMNS)
+    return tables.csv_text(_ordered(rows, COMPARISON_COLUMNS, COMPARISON_KEYS), COMPARISON_COLUMNS)
 
 
 def _ci_header(rows: list[dict[str, str]]) -> str:
