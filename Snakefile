@@ -16,12 +16,14 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/parity.smk"
+include: "workflow/rules/tagging.smk"
 include: "workflow/rules/provenance.smk"
 
 
 wildcard_constraints:
     model="|".join(re.escape(m) for m in MODELS),
     recipe="|".join(sorted(RECIPES)),
+    run="|".join(re.escape(r) for r in RUN_NAMES),
 
 
 rule all:
@@ -29,3 +31,4 @@ rule all:
     input:
         rules.export.input,
         rules.parity.input,
+        rules.en_tagging.input,

@@ -69,7 +69,7 @@ def slots_for(rule, threads=None):
 
 def resources_for(rule, key):
     table = config["resources"]
-    return table.get(rule, {}).get(key, table["default"][key])
+    return table.get(rule, {}).get(key, table["default"].get(key, 0))
 
 
 def _model_specs(entries):
@@ -113,8 +113,47 @@ def url_suffix(url):
     return Path(name).suffix
 
 
+def model_files(model):
+    """The files of an export (graph, tokenizer, config, manifest) and the source it came from."""
+    return [f"results/models/{model}/{name}"
+            for name in ("model.onnx", "tokenizer.json", "model.config.json", "export.json")] + [
+        f"results/sources/{model}/source.json"]
+
+
+def _runs(entries):
+    runs = {}
+    for entry in entries:
+        if entry["name"] in runs:
+            raise WorkflowError(f"config: tagging.runs lists '{entry['name']}' twice; names must be unique")
+        if entry["model"] not in MODEL_SPECS:
+            raise WorkflowError(f"config: tagging run '{entry['name']}' names model '{entry['model']}', "
+                                f"which `models` does not list (it has: {', '.join(MODELS)})")
+        runs[entry["name"]] = entry
+    return runs
+
+
+def run_options(run):
+    """A run's training settings as `encoder-study tag train` options (absent ones take its defaults)."""
+    flags = [f"--mode {run['mode']}", f"--pooling {run['pooling']}"]
+    for key in ("lr", "epochs", "max_steps", "warmup", "batch_words", "eval_every", "chunk_steps",
+                "max_length"):
+        if key in run:
+            flags.append(f"--{key.replace('_', '-')} {run[key]}")
+    if run.get("train_embeddings"):
+        flags.append("--train-embeddings")
+    return " ".join(flags)
+
+
 def acquire_inputs(wildcards):
     """A tiny model's architecture file is an input: editing it rebuilds the model."""
     spec = MODEL_SPECS[wildcards.model]
     arch = [spec["architecture"]] if spec["source"] == "tiny" else []
     return {"code": lib_code("acquire"), "architecture": arch}
+
+
+RUNS = _runs(config["tagging"]["runs"])
+RUN_NAMES = sorted(RUNS)
+for _a, _b in config["tagging"]["comparisons"]:
+    for _name in (_a, _b):
+        if _name != "baseline" and _name not in RUNS:
+            raise WorkflowError(f"config: tagging.comparisons names '{_name}', which is not a run")

@@ -1,0 +1,350 @@
+"""The UPOS tagger: frozen and fine-tuned training, resuming, saved pipelines and the `tag` command.
+
+Offline and small: the project's tiny random encoders and MiniLM, a synthetic treebank of a few
+dozen sentences, a few steps per run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from encoder_study import files, tag, treebank
+from encoder_study.frozen import FrozenEncoder
+from encoder_study.tagging import evaluate, pipeline, runs
+from encoder_study.tagging.steptime import COLUMNS, IMPLEMENTATIONS, step_time
+from encoder_study.tagging.tagger import Tagger, word_batches
+from encoder_study.tagging.train import CheckpointError, ChunkDone, TrainSettings, train
+from encoder_study.trainable.words import TrainableEncoder
+
+SIZES = {"train": 60, "dev": 20, "test": 20}
+
+
+@pytest.fixture(scope="module")
+def bank(tmp_path_factory) -> dict:
+    """split -> path of a small synthetic treebank."""
+    return treebank.write_synthetic(tmp_path_factory.mktemp("treebank"), seed=0, sizes=SIZES)
+
+
+@pytest.fixture(scope="module")
+def sentences(bank) -> dict:
+    return {split: treebank.read_conllu(path) for split, path in bank.items()}
+
+
+def frozen_tagger(model_dir, seed=0) -> Tagger:
+    return Tagger(FrozenEncoder(model_dir, pooling="mean", max_length=512), seed=seed)
+
+
+def trainable_tagger(model_dir, seed=0, freeze_embeddings=True) -> Tagger:
+    encoder = TrainableEncoder(model_dir, pooling="first", freeze_embeddings=freeze_embeddings)
+    return Tagger(encoder, seed=seed)
+
+
+def docs(sentences) -> list:
+    return [s.doc() for s in sentences]
+
+
+def states_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- batching and caching ------------------------------------------------------------------------------
+
+
+def test_word_batches_close_at_batch_words_and_keep_the_order():
+    lengths = [3, 5, 2, 7, 1, 4]
+    order = [5, 0, 3, 1, 2, 4]
+    batches = word_batches(lengths, order, batch_words=8)
+    assert [i for b in batches for i in b] == order
+    assert batches == [[5, 0, 3], [1, 2, 4]]  # 4+3 < 8 until 7 joins; 5+2+1 = 8 closes the last
+    assert all(sum(lengths[i] for i in b[:-1]) < 8 for b in batches)
+    with pytest.raises(ValueError, match="batch_words"):
+        word_batches(lengths, order, 0)
+
+
+def test_frozen_encoder_runs_each_document_once_across_epochs(tiny_exports, sentences):
+    tagger = frozen_tagger(tiny_exports["bert-tiny"])
+    encoder = tagger.encoder
+    unique = set(docs(sentences["train"]) + docs(sentences["dev"]))
+    windows = sum(len(encoder.tokenizer.prepare(d, encoder.max_length).windows) for d in unique)
+    settings = TrainSettings.for_mode("frozen", epochs=4, batch_words=100, lr=1e-2)
+    result = train(tagger, sentences["train"], sentences["dev"], settings)
+    assert result.epochs == 4 and len(result.history) == 4  # dev scored at every epoch's end
+    assert result.steps > 4 * 3
+    assert encoder.windows_run == windows  # four epochs and four dev evaluations ran the graph once per doc
+    tagger.predict(docs(sentences["dev"]))
+    assert encoder.windows_run == windows
+
+
+# -- learning ------------------------------------------------------------------------------------------
+
+
+def test_frozen_head_learns_and_beats_the_most_frequent_tag_baseline(minilm_export, sentences):
+    tagger = frozen_tagger(minilm_export)
+    settings = TrainSettings.for_mode("frozen", epochs=6, batch_words=100, lr=1e-2)
+    result = train(tagger, sentences["train"], sentences["dev"], settings)
+    losses = [h["train_loss"] for h in result.history]
+    assert losses[-1] < 0.5 * losses[0]
+    baseline = evaluate.most_frequent_tag_baseline(([w.form for w in s.words], s.upos)
+                                                   for s in sentences["train"])
+    gold = [s.upos for s in sentences["dev"]]
+    base = evaluate.accuracy_interval(gold, baseline([[w.form for w in s.words] for s in sentences["dev"]]),
+                                      resamples=100).upos
+    ours = evaluate.accuracy_interval(gold, tagger.predict(docs(sentences["dev"])), resamples=100).upos
+    assert ours == result.best_dev_upos  # the weights put back are the ones that scored best
+    assert ours > base + 3, (ours, base)
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_finetuning_moves_the_layers_and_only_an_unfrozen_token_table(tiny_exports, sentences, freeze):
+    tagger = trainable_tagger(tiny_exports["bert-tiny"], freeze_embeddings=freeze)
+    inner = tagger.encoder.encoder
+    before = {name: p.detach().clone() for name, p in inner.named_parameters()}
+    head_before = tagger.head.weight.detach().clone()
+    settings = TrainSettings.for_mode("finetuned", max_steps=3, warmup=1, eval_every=3, lr=1e-3,
+                                      batch_words=100)
+    train(tagger, sentences["train"], sentences["dev"], settings)
+    after = dict(inner.named_parameters())
+    moved = {name for name in before if not torch.equal(before[name], after[name])}
+    assert not torch.equal(head_before, tagger.head.weight)
+    assert "tokens.weight" in before
+    assert ("tokens.weight" in moved) is (not freeze)
+    assert len(moved - {"tokens.weight"}) == len(before) - 1  # every layer weight moved
+    names = {n for n, _ in tagger.named_parameters() if _.requires_grad}
+    assert ("encoder.encoder.tokens.weight" in names) is (not freeze)
+
+
+# -- resuming ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode,model", [("frozen", "bert-tiny"), ("finetuned", "modernbert-tiny")])
+def test_a_run_in_chunks_ends_bit_for_bit_where_one_run_ends(tiny_exports, sentences, tmp_path, mode, model):
+    make = frozen_tagger if mode == "frozen" else trainable_tagger
+    if mode == "frozen":  # dev at the end of each epoch; chunk ends fall inside epochs
+        settings = TrainSettings.for_mode(mode, epochs=3, batch_words=100, lr=1e-2)
+    else:
+        settings = TrainSettings.for_mode(mode, max_steps=7, eval_every=3, warmup=2, lr=1e-3, batch_words=100)
+
+    whole = make(tiny_exports[model])
+    one = train(whole, sentences["train"], sentences["dev"], settings)
+
+    checkpoint = tmp_path / "checkpoint.pt"
+    stops = []
+    while True:
+        chunked = make(tiny_exports[model])  # a fresh tagger, as a new process would build
+        try:
+            result = train(chunked, sentences["train"], sentences["dev"], settings, checkpoint=checkpoint,
+                           chunk_steps=5 if mode == "frozen" else 2)
+            break
+        except ChunkDone as done:
+            stops.append(done.step)
+    assert len(stops) >= 2 and stops[0] < one.steps
+    assert result.resumed_from == stops[-1]
+    assert [c["last_step"] for c in result.chunks] == [*stops, one.steps]
+    assert states_equal(whole.trainable_state(), chunked.trainable_state())
+    assert result.history == one.history and result.best_step == one.best_step
+    assert whole.predict(docs(sentences["test"])) == chunked.predict(docs(sentences["test"]))
+
+    # The finished checkpoint resumes as a finished run; other settings are refused.
+    again = make(tiny_exports[model])
+    finished = train(again, sentences["train"], sentences["dev"], settings, checkpoint=checkpoint)
+    assert finished.steps == one.steps and finished.resumed_from == one.steps
+    assert states_equal(again.trainable_state(), whole.trainable_state())
+    other = TrainSettings(**{**vars(settings), "lr": settings.lr * 2})
+    with pytest.raises(CheckpointError, match=r"other settings \(lr: "):
+        train(make(tiny_exports[model]), sentences["train"], sentences["dev"], other, checkpoint=checkpoint)
+
+
+# -- saved pipelines -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["transformer", "transformer-trainable"])
+def test_a_saved_pipeline_reloads_to_the_same_predictions(tiny_exports, sentences, tmp_path, kind):
+    model_dir = tiny_exports["modernbert-tiny"]
+    if kind == "transformer":
+        tagger = frozen_tagger(model_dir)
+        settings = TrainSettings.for_mode("frozen", epochs=2, batch_words=100, lr=1e-2)
+    else:
+        tagger = trainable_tagger(model_dir)
+        settings = TrainSettings.for_mode("finetuned", max_steps=3, eval_every=3, lr=1e-3, batch_words=100)
+    train(tagger, sentences["train"], sentences["dev"], settings)
+    assert tagger.kind == kind
+    test_docs = docs(sentences["test"])
+    with torch.no_grad():
+        logits = tagger.eval()(test_docs)
+
+    path = pipeline.save(tagger, tmp_path / "out" / pipeline.FILE_NAME, training={"steps": 3})
+    saved, tensors = pipeline.read(path)
+    assert saved["kind"] == kind and saved["encoder"]["files"] == tagger.encoder_files()
+    if kind == "transformer":
+        assert sorted(tensors) == ["head.bias", "head.weight"]
+    else:
+        assert len(tensors) > 2 and not any(name.endswith("tokens.weight") for name in tensors)
+
+    again = pipeline.load(path)  # the model directory recorded relative to the pipeline
+    assert again.kind == kind
+    with torch.no_grad():
+        assert torch.equal(again(test_docs), logits)
+    assert again.predict(test_docs) == tagger.predict(test_docs)
+    assert states_equal(again.trainable_state(), tagger.trainable_state())
+    # Same content, same bytes.
+    copy = pipeline.save(again, tmp_path / "out" / "again.safetensors", training={"steps": 3})
+    assert copy.read_bytes() == path.read_bytes()
+
+
+def test_loading_refuses_changed_encoder_files_naming_the_file_and_both_hashes(tiny_exports, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_exports["bert-tiny"], model_dir)
+    path = pipeline.save(frozen_tagger(model_dir), tmp_path / pipeline.FILE_NAME)
+    expected = files.sha256_file(model_dir / "tokenizer.json")
+    with open(model_dir / "tokenizer.json", "a", encoding="utf-8") as handle:
+        handle.write("\n")
+    actual = files.sha256_file(model_dir / "tokenizer.json")
+    with pytest.raises(files.IntegrityError) as err:
+        pipeline.load(path)
+    message = str(err.value)
+    assert "tokenizer.json" in message and expected in message and actual in message
+
+    with pytest.raises(files.IntegrityError, match=r"model\.onnx .*expected SHA-256"):
+        pipeline.load(path, model_dir=tiny_exports["xlmr-tiny"])  # another model given at load time
+    (tmp_path / "not-a-pipeline.safetensors").write_bytes(b"nonsense")
+    with pytest.raises(pipeline.PipelineError, match="cannot read the pipeline file"):
+        pipeline.load(tmp_path / "not-a-pipeline.safetensors")
+
+
+# -- the command ---------------------------------------------------------------------------------------
+
+
+def read_csv(path) -> list[dict]:
+    with open(path, encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def only_upos_differs(gold_path, pred_path) -> int:
+    """Assert the files differ in the UPOS column of word rows only; return how many tags differ."""
+    gold = gold_path.read_text(encoding="utf-8").split("\n")
+    pred = pred_path.read_text(encoding="utf-8").split("\n")
+    assert len(gold) == len(pred)
+    changed = 0
+    for g, p in zip(gold, pred, strict=True):
+        g_cols, p_cols = g.split("\t"), p.split("\t")
+        if len(g_cols) == 10 and g_cols[0].isdigit():
+            assert p_cols[:3] + p_cols[4:] == g_cols[:3] + g_cols[4:]
+            assert p_cols[3] in treebank.UPOS
+            changed += p_cols[3] != g_cols[3]
+        else:
+            assert p == g
+    return changed
+
+
+def test_the_tag_command_trains_scores_compares_and_writes_provenance(tiny_exports, bank, tmp_path):
+    splits = ["--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"])]
+    out, prov = tmp_path / "tagging", tmp_path / "provenance" / "en-tagging"
+    common = [*splits, "--resamples", "100", "--no-progress"]
+    assert tag.main(["train", "--run", "frozen-mean", "--model-dir", str(tiny_exports["bert-tiny"]),
+                     "--mode", "frozen", "--pooling", "mean", "--out-dir", str(out / "frozen-mean"),
+                     "--epochs", "2", "--lr", "1e-2", "--batch-words", "100", *common,
+                     "--provenance", str(prov / "tag_train-frozen-mean.md")]) == 0
+    finetune = ["train", "--run", "finetuned-first", "--model-dir", str(tiny_exports["bert-tiny"]),
+                "--mode", "finetuned", "--pooling", "first", "--out-dir", str(out / "finetuned-first"),
+                "--max-steps", "4", "--eval-every", "2", "--warmup", "1", "--lr", "1e-3", "--batch-words",
+                "100", "--chunk-steps", "3", *common,
+                "--provenance", str(prov / "tag_train-finetuned-first.md")]
+    assert tag.main(finetune) == tag.CHUNK_EXIT  # stopped after 3 of 4 steps
+    assert (out / "finetuned-first" / "checkpoint.pt").is_file()
+    assert not (prov / "tag_train-finetuned-first.md").exists()
+    assert tag.main(finetune) == 0
+    assert not (out / "finetuned-first" / "checkpoint.pt").exists()
+    assert tag.main(["baseline", "--out-dir", str(out / "baseline"), *splits, "--resamples", "100",
+                     "--provenance", str(prov / "tag_baseline.md")]) == 0
+
+    for run, mode in (("frozen-mean", "frozen"), ("finetuned-first", "finetuned")):
+        run_dir = out / run
+        for name in ("pipeline.safetensors", "dev.pred.conllu", "test.pred.conllu", "scores.csv", "scores.md",
+                     "history.csv", "run.json"):
+            assert (run_dir / name).is_file(), name
+        rows = read_csv(run_dir / "scores.csv")
+        assert [(r["run"], r["encoder"], r["mode"], r["split"]) for r in rows] == [
+            (run, "bert-tiny", mode, "dev"), (run, "bert-tiny", mode, "test")]
+        record = json.loads((run_dir / "run.json").read_text())
+        assert record["dev_upos_check"] and record["selected"]["dev_upos"] == float(rows[0]["upos"])
+        history = read_csv(run_dir / "history.csv")
+        assert list(history[0]) == ["step", "epoch", "train_loss", "dev_upos"]
+        assert pipeline.load(run_dir / "pipeline.safetensors").kind == (
+            "transformer" if mode == "frozen" else "transformer-trainable")
+        for split in ("dev", "test"):
+            only_upos_differs(bank[split], run_dir / f"{split}.pred.conllu")
+        fragment = (prov / f"tag_train-{run}.md").read_text()
+        for name in ("pipeline.safetensors", "test.pred.conllu", "model.onnx", "train.conllu"):
+            assert name in fragment
+        assert files.sha256_file(run_dir / "pipeline.safetensors") in fragment
+    assert [int(h["step"]) for h in read_csv(out / "finetuned-first" / "history.csv")] == [2, 4]
+    assert "in 2 invocation(s): steps 1-3" in (prov / "tag_train-finetuned-first.md").read_text()
+    # The baseline tags only from train's forms: on this treebank it gets most words right.
+    assert only_upos_differs(bank["test"], out / "baseline" / "test.pred.conllu") > 0
+
+    gathered = tmp_path / "gathered"
+    run_dirs = [f"--run-dir={out / r}" for r in ("frozen-mean", "finetuned-first", "baseline")]
+    assert tag.main(["gather", *run_dirs,
+                     "--gold", f"dev={bank['dev']}", "--gold", f"test={bank['test']}",
+                     "--compare", "finetuned-first:frozen-mean", "--compare", "frozen-mean:baseline",
+                     "--reference", "baseline", "--scores-out", str(gathered / "scores.csv"),
+                     "--comparisons-out", str(gathered / "comparisons.csv"),
+                     "--plot", str(gathered / "dev.png"),
+                     "--resamples", "100", "--provenance", str(prov / "tag_gather.md")]) == 0
+    scores = read_csv(gathered / "scores.csv")
+    assert len(scores) == 6 and {r["run"] for r in scores} == {"frozen-mean", "finetuned-first", "baseline"}
+    comparisons = read_csv(gathered / "comparisons.csv")
+    assert {(r["a"], r["b"], r["split"]) for r in comparisons} == {
+        (a, b, s) for a, b in (("finetuned-first", "frozen-mean"), ("frozen-mean", "baseline"))
+        for s in ("dev", "test")}
+    upos = {(r["run"], r["split"]): float(r["upos"]) for r in scores}
+    for r in comparisons:
+        assert float(r["diff"]) == pytest.approx(upos[(r["a"], r["split"])] - upos[(r["b"], r["split"])])
+        assert float(r["ci_low"]) <= float(r["diff"]) <= float(r["ci_high"])
+    assert (gathered / "dev.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Comparisons" in (prov / "tag_gather.md").read_text()
+    # A comparison naming an unknown run is refused with the known ones.
+    assert tag.main(["gather", f"--run-dir={out / 'baseline'}", "--compare", "baseline:nope",
+                     "--scores-out", str(tmp_path / "x.csv"), "--comparisons-out", str(tmp_path / "y.csv"),
+                     "--provenance", str(prov / "tag_gather-bad.md")]) == 2
+
+
+# -- step time -----------------------------------------------------------------------------------------
+
+
+def test_step_time_rows_for_both_implementations(tiny_exports, models_dir, tmp_path):
+    source = models_dir / "sources" / "bert-tiny" / "source.json"
+    rows = step_time(tiny_exports["bert-tiny"], source, batch=4, length=8, warmup=1, steps=2)
+    assert [r["implementation"] for r in rows] == list(IMPLEMENTATIONS)
+    for row in rows:
+        assert set(COLUMNS) <= set(row) and row["model"] == "bert-tiny"
+        assert all(row[k] > 0 for k in ("forward_s", "backward_s", "clip_s", "optimizer_s", "total_s"))
+        assert row["parameters"] > 0
+    assert rows[0]["max_abs"] < 1e-4  # the same weights on the same batch
+    out = tmp_path / "step_time.csv"
+    assert tag.main(["step-time", "--model", str(tiny_exports["bert-tiny"]), str(source), "--out", str(out),
+                     "--batch", "2", "--length", "8", "--steps", "1",
+                     "--provenance", str(tmp_path / "prov" / "tag_step_time.md")]) == 0
+    table = read_csv(out)
+    assert list(table[0]) == COLUMNS and [r["implementation"] for r in table] == list(IMPLEMENTATIONS)
+    assert np.isfinite([float(r["total_s"]) for r in table]).all()
+    assert tag.main(["step-time", "--model", str(tiny_exports["bert-tiny"]),
+                     str(models_dir / "sources" / "xlmr-tiny" / "source.json"), "--out", str(out),
+                     "--provenance", str(tmp_path / "prov" / "tag_step_time-bad.md")]) == 2
+
+
+def test_settings_need_an_end_and_a_matching_encoder(tiny_exports, sentences):
+    with pytest.raises(ValueError, match="set epochs or max_steps"):
+        TrainSettings.for_mode("frozen", epochs=0)
+    with pytest.raises(ValueError, match="mode"):
+        train(frozen_tagger(tiny_exports["bert-tiny"]), sentences["train"], sentences["dev"],
+              TrainSettings.for_mode("finetuned", max_steps=1))
+    built = runs.build_tagger(tiny_exports["bert-tiny"], "finetuned", "mean", 0)
+    assert built.kind == "transformer-trainable"
+    assert TrainSettings.for_mode("finetuned", max_steps=9).epochs == 0  # the steps decide

@@ -1,0 +1,278 @@
+"""Whole runs, as the workflow's rules make them: train and score, the baseline, and the gathered tables.
+
+A run directory (results/tagging/<run>/) holds:
+
+| file | what |
+|---|---|
+| `pipeline.safetensors` | the saved tagger (trained runs; see `pipeline`) |
+| `dev.pred.conllu`, `test.pred.conllu` | the gold files with only the UPOS column predicted |
+| `scores.csv`, `scores.md` | the run's rows of the scores table (dev and test) |
+| `history.csv` | step, epoch, train_loss, dev_upos at every development evaluation (trained runs) |
+| `run.json` | run, encoder, mode, pooling, the settings and the selected step |
+
+`gather` reads run directories and writes the combined scores, the paired comparisons and the plot.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from .. import files, treebank
+from ..frozen import FrozenEncoder
+from ..trainable.words import TrainableEncoder
+from ..treebank import Sentence
+from . import evaluate, pipeline
+from .tagger import Tagger
+from .train import TrainResult, TrainSettings, determinism, train
+
+RUN_JSON = "run.json"
+SCORES = "scores.csv"
+HISTORY = "history.csv"
+HISTORY_COLUMNS = ["step", "epoch", "train_loss", "dev_upos"]
+SPLITS = ("dev", "test")
+
+
+def pred_path(out_dir: str | os.PathLike, split: str) -> Path:
+    return Path(out_dir) / f"{split}.pred.conllu"
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderOptions:
+    """How the encoder is built (besides the model and the pooling)."""
+
+    max_length: int = 512
+    window_batch: int = 8            # frozen: windows per ONNX Runtime call
+    max_batch_pieces: int = 8192     # fine-tuned: padded pieces per forward batch
+    freeze_embeddings: bool = True   # fine-tuned: keep the token table out of training
+
+
+def build_tagger(model_dir: str | os.PathLike, mode: str, pooling: str, seed: int,
+                 options: EncoderOptions = EncoderOptions(), threads: int = 1) -> Tagger:
+    """A fresh tagger (seeded head) over the frozen or the trainable encoder of an exported model."""
+    if mode == "frozen":
+        encoder = FrozenEncoder(model_dir, pooling=pooling, max_length=options.max_length,
+                                batch_size=options.window_batch, threads=threads)
+    elif mode == "finetuned":
+        encoder = TrainableEncoder(model_dir, pooling=pooling, max_length=options.max_length,
+                                   max_batch_pieces=options.max_batch_pieces,
+                                   freeze_embeddings=options.freeze_embeddings, threads=threads)
+    else:
+        raise ValueError(f"mode must be 'frozen' or 'finetuned', got {mode!r}")
+    return Tagger(encoder, seed=seed)
+
+
+def score_split(sentences: Sequence[Sentence], predicted: Sequence[Sequence[str]], path: str | os.PathLike,
+                resamples: int, seed: int) -> evaluate.Accuracy:
+    """Write the predictions file and score it: accuracy with its sentence-bootstrap interval."""
+    treebank.write_predictions(sentences, predicted, path)
+    return evaluate.accuracy_interval([s.upos for s in sentences], predicted, resamples=resamples, seed=seed)
+
+
+def history_csv(history: Sequence[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(HISTORY_COLUMNS)
+    for row in history:  # repr: the shortest text that reads back as the same float
+        writer.writerow([row["step"], repr(float(row["epoch"])), repr(float(row["train_loss"])),
+                         repr(float(row["dev_upos"]))])
+    return out.getvalue()
+
+
+def read_history(path: str | os.PathLike) -> list[tuple[int, float]]:
+    """(step, dev_upos) points of a history.csv."""
+    with open(path, encoding="utf-8", newline="") as handle:
+        return [(int(r["step"]), float(r["dev_upos"])) for r in csv.DictReader(handle)]
+
+
+def read_splits(paths: dict[str, str | os.PathLike]) -> dict[str, list[Sentence]]:
+    return {split: treebank.read_conllu(path) for split, path in paths.items()}
+
+
+def _split_record(path: str | os.PathLike) -> dict:
+    return {"path": Path(path).as_posix(), "sha256": files.sha256_file(path)}
+
+
+@dataclasses.dataclass
+class TrainedRun:
+    """What `train_run` wrote and measured."""
+
+    rows: list[dict]
+    result: TrainResult
+    outputs: list[Path]
+    record: dict
+
+
+def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[str, str | os.PathLike],
+              out_dir: str | os.PathLike, settings: TrainSettings, options: EncoderOptions = EncoderOptions(),
+              checkpoint: str | os.PathLike | None = None, chunk_steps: int = 0, resamples: int = 10_000,
+              bootstrap_seed: int = 0, progress: bool = False) -> TrainedRun:
+    """Train on paths["train"], select on paths["dev"], score dev and test once with the selected weights.
+
+    Raises `train.ChunkDone` when `chunk_steps` stops the run early (the checkpoint is written; call
+    again to continue). The checkpoint is removed once every output is written.
+    """
+    out_dir = Path(out_dir)
+    checkpoint = Path(checkpoint) if checkpoint is not None else out_dir / "checkpoint.pt"
+    sentences = read_splits({split: paths[split] for split in ("train", *SPLITS)})
+    # The thread count of training holds for the final predictions too, so that the development
+    # predictions written are exactly the ones that selected the weights.
+    with determinism(settings.threads):
+        tagger = build_tagger(model_dir, settings.mode, pooling, settings.seed, options, settings.threads)
+        result = train(tagger, sentences["train"], sentences["dev"], settings, checkpoint=checkpoint,
+                       chunk_steps=chunk_steps, progress=progress, desc=run)
+        predicted = {split: tagger.predict([s.doc() for s in sentences[split]], settings.eval_batch_words)
+                     for split in SPLITS}
+
+    encoder = tagger.encoder.manifest.get("model", Path(model_dir).name)
+    rows, scores = [], {}
+    for split in SPLITS:
+        scores[split] = score_split(sentences[split], predicted[split], pred_path(out_dir, split), resamples,
+                                    bootstrap_seed)
+        rows.append(evaluate.score_row(run, encoder, settings.mode, pooling, split, scores[split]))
+    record = {
+        "run": run, "encoder": encoder, "mode": settings.mode, "pooling": pooling, "kind": tagger.kind,
+        "pipeline": pipeline.FILE_NAME, "settings": dataclasses.asdict(settings),
+        "encoder_options": dataclasses.asdict(options),
+        "selected": {"step": result.best_step, "dev_upos": result.best_dev_upos},
+        "steps": result.steps, "epochs": result.epochs,
+        "splits": {split: _split_record(paths[split]) for split in ("train", *SPLITS)},
+    }
+    # The development score of the selected weights, recomputed from the written file, must be the
+    # one that selected them; a difference would mean the weights put back are not the ones scored.
+    record["dev_upos_check"] = scores["dev"].upos == result.best_dev_upos
+    pipeline.save(tagger, out_dir / pipeline.FILE_NAME, training={
+        k: record[k] for k in ("run", "mode", "settings", "encoder_options", "selected", "steps", "epochs")})
+    evaluate.write_scores(out_dir / SCORES, rows)
+    files.write_text(out_dir / HISTORY, history_csv(result.history))
+    files.write_json(out_dir / RUN_JSON, record)
+    checkpoint.unlink(missing_ok=True)
+    outputs = [out_dir / name for name in (pipeline.FILE_NAME, "dev.pred.conllu", "test.pred.conllu", SCORES,
+                                           "scores.md", HISTORY, RUN_JSON)]
+    return TrainedRun(rows=rows, result=result, outputs=outputs, record=record)
+
+
+def baseline_run(run: str, paths: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
+                 resamples: int = 10_000, bootstrap_seed: int = 0) -> tuple[list[dict], list[Path]]:
+    """The most-frequent-tag baseline from train: dev and test predictions and scores."""
+    out_dir = Path(out_dir)
+    sentences = read_splits({split: paths[split] for split in ("train", *SPLITS)})
+    baseline = evaluate.most_frequent_tag_baseline(([w.form for w in s.words], s.upos)
+                                                   for s in sentences["train"])
+    rows = []
+    for split in SPLITS:
+        predicted = baseline([[w.form for w in s.words] for s in sentences[split]])
+        accuracy = score_split(sentences[split], predicted, pred_path(out_dir, split), resamples,
+                               bootstrap_seed)
+        rows.append(evaluate.score_row(run, "none", "baseline", "none", split, accuracy))
+    evaluate.write_scores(out_dir / SCORES, rows)
+    files.write_json(out_dir / RUN_JSON, {
+        "run": run, "encoder": "none", "mode": "baseline", "pooling": "none",
+        "splits": {split: _split_record(paths[split]) for split in ("train", *SPLITS)}})
+    names = ("dev.pred.conllu", "test.pred.conllu", SCORES, "scores.md", RUN_JSON)
+    outputs = [out_dir / name for name in names]
+    return rows, outputs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Gathering
+
+
+def _read_csv(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def predicted_tags(gold: Sequence[Sentence], path: str | os.PathLike) -> list[tuple[str, ...]]:
+    """The UPOS of a predictions file, checked to be the gold file's sentences and words."""
+    predicted = treebank.read_conllu(path)
+    if [s.sent_id for s in predicted] != [s.sent_id for s in gold]:
+        raise ValueError(f"{path}: not the predictions of the gold file given for its split (other "
+                         "sentences or another order); give the gold file the run was scored on")
+    for p, g in zip(predicted, gold, strict=True):
+        if [w.form for w in p.words] != [w.form for w in g.words]:
+            raise ValueError(f"{path}: sentence {p.sent_id!r} has other words than the gold file's")
+    return [s.upos for s in predicted]
+
+
+@dataclasses.dataclass
+class Gathered:
+    scores: list[dict]
+    comparisons: list[dict]
+    inputs: list[Path]
+    outputs: list[Path]
+
+
+def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathLike],
+           compare: Sequence[tuple[str, str]], scores_out: str | os.PathLike,
+           comparisons_out: str | os.PathLike | None = None, plot: str | os.PathLike | None = None,
+           references: Sequence[str] = (), resamples: int = 10_000, seed: int = 0) -> Gathered:
+    """Join the runs' scores, compare runs pairwise on every split of `gold`, plot the dev curves.
+
+    `compare` holds (a, b) run names: each gives a row a - b per split with a paired bootstrap interval
+    (same resampled sentences for both). `references` are runs whose development score the plot draws
+    as a dashed line (the baseline, say). Runs are named by their run.json.
+    """
+    runs: dict[str, Path] = {}
+    inputs: list[Path] = []
+    scores: list[dict] = []
+    for run_dir in run_dirs:
+        run_dir = Path(run_dir)
+        record = read_record(run_dir / RUN_JSON)
+        name = record["run"]
+        if name in runs:
+            raise ValueError(f"run {name!r} is in both {runs[name]} and {run_dir}")
+        runs[name] = run_dir
+        scores += _read_csv(run_dir / SCORES)
+        inputs += [run_dir / RUN_JSON, run_dir / SCORES]
+    for a, b in compare:
+        for name in (a, b):
+            if name not in runs:
+                raise ValueError(f"comparison {a} - {b}: no run {name!r} among {sorted(runs)}")
+    outputs = list(evaluate.write_scores(scores_out, scores))
+
+    comparisons = []
+    if compare:
+        if comparisons_out is None:
+            raise ValueError("comparisons asked for without a comparisons file to write")
+        for split, gold_path in sorted(gold.items()):
+            gold_sentences = treebank.read_conllu(gold_path)
+            inputs.append(Path(gold_path))
+            gold_tags = [s.upos for s in gold_sentences]
+            tags = {}
+            for name in sorted({n for pair in compare for n in pair}):
+                tags[name] = predicted_tags(gold_sentences, pred_path(runs[name], split))
+                inputs.append(pred_path(runs[name], split))
+            for a, b in compare:
+                difference = evaluate.paired_difference(gold_tags, tags[a], tags[b], resamples=resamples,
+                                                        seed=seed)
+                comparisons.append(evaluate.comparison_row(a, b, split, difference))
+        outputs += list(evaluate.write_comparisons(comparisons_out, comparisons))
+
+    if plot is not None:
+        curves = {}
+        for name, run_dir in sorted(runs.items()):
+            if (run_dir / HISTORY).is_file() and (points := read_history(run_dir / HISTORY)):
+                curves[name] = points
+                inputs.append(run_dir / HISTORY)
+        dev = {r["run"]: float(r["upos"]) for r in scores if r["split"] == "dev"}
+        missing = [r for r in references if r not in dev]
+        if missing:
+            raise ValueError(f"reference runs {missing} have no development score")
+        if not curves:
+            raise ValueError("no run has a development history to plot")
+        evaluate.plot_dev_curves(curves, plot, references={r: dev[r] for r in references})
+        outputs.append(Path(plot))
+    return Gathered(scores=scores, comparisons=comparisons, inputs=inputs, outputs=outputs)
+
+
+def read_record(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: cannot read the run's record ({err}); is this a run directory?") from err

@@ -1,0 +1,139 @@
+"""One fine-tuning step, timed in parts: our trainable modules against Hugging Face's own model.
+
+Both implementations get the same weights (ours are read from the exported graph, which was exported
+from the Hugging Face model in the source directory), the same batch (24 sequences of 32 random
+pieces by default, no padding), the same tagging head (a seeded linear layer to 17 tags with random
+gold tags) and the same AdamW settings, with the token table frozen in both. A step is timed as
+
+    forward    encoder + head + cross-entropy
+    backward   loss.backward()
+    clip       clip_grad_norm_(max norm 1.0)
+    optimizer  AdamW step
+
+and each part's median over `steps` steps after `warmup` untimed ones is reported (total: the median
+of the steps' totals). The two implementations take turns step by step, so that a change in the load
+of a shared machine falls on both alike. Hugging Face's model runs in eval mode, so that dropout is
+off and both compute the same function (ours has no dropout); gradients do not depend on the mode.
+`max_abs` is the largest difference of the two forward passes' hidden states on the batch: it shows
+that both ran the same computation. Timings are indicative: they depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import acquire, export, manifest, trainable
+from ..treebank import UPOS
+
+COLUMNS = ["model", "implementation", "forward_s", "backward_s", "clip_s", "optimizer_s", "total_s",
+           "parameters", "batch", "length", "steps", "threads", "max_abs"]
+IMPLEMENTATIONS = ("encoder_study", "transformers")
+
+
+class StepTimeError(RuntimeError):
+    pass
+
+
+def _batch(vocab: int, pad_id: int, batch: int, length: int, seed: int):
+    """Random piece ids (never the pad id, which RoBERTa-style positions treat specially), a full mask,
+    and random gold tags."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, size=(batch, length), dtype=np.int64)
+    ids[ids == pad_id] = (pad_id + 1) % vocab
+    gold = rng.integers(0, len(UPOS), size=(batch * length,), dtype=np.int64)
+    return torch.from_numpy(ids), torch.ones(batch, length, dtype=torch.int64), torch.from_numpy(gold)
+
+
+def _head(width: int, seed: int) -> torch.nn.Linear:
+    head = torch.nn.Linear(width, len(UPOS))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.weight.normal_(0.0, 0.02, generator=generator)
+        head.bias.zero_()
+    return head
+
+
+class Stepper:
+    """One implementation's encoder, head and AdamW; `step()` takes one timed step."""
+
+    def __init__(self, encoder: torch.nn.Module, head: torch.nn.Linear, lr: float, weight_decay: float,
+                 clip: float):
+        self.encoder, self.head, self.clip = encoder, head, clip
+        self.params = [p for p in [*encoder.parameters(), *head.parameters()] if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
+
+    def step(self, ids, mask, gold) -> tuple[float, float, float, float]:
+        """Seconds of (forward, backward, clip, optimizer)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        hidden = self.encoder(ids, mask)
+        loss = F.cross_entropy(self.head(hidden).reshape(-1, len(UPOS)), gold)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        t3 = time.perf_counter()
+        self.optimizer.step()
+        t4 = time.perf_counter()
+        return t1 - t0, t2 - t1, t3 - t2, t4 - t3
+
+    def parameters_trained(self) -> int:
+        """Values that got a gradient (after a step)."""
+        return sum(p.numel() for p in self.params if p.grad is not None)
+
+
+def time_steps(steppers: list[Stepper], ids, mask, gold, warmup: int, steps: int) -> list[dict]:
+    """Median seconds of each part of a step, per stepper; the steppers take turns."""
+    times: list[list[tuple[float, ...]]] = [[] for _ in steppers]
+    for i in range(warmup + steps):
+        for k, stepper in enumerate(steppers):
+            parts = stepper.step(ids, mask, gold)
+            if i >= warmup:
+                times[k].append((*parts, sum(parts)))
+    names = ("forward_s", "backward_s", "clip_s", "optimizer_s", "total_s")
+    return [{**{name: statistics.median(t[j] for t in per) for j, name in enumerate(names)},
+             "parameters": stepper.parameters_trained()}
+            for per, stepper in zip(times, steppers, strict=True)]
+
+
+def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batch: int = 24,
+              length: int = 32, warmup: int = 2, steps: int = 5, lr: float = 5e-5, weight_decay: float = 0.01,
+              clip: float = 1.0, seed: int = 0) -> list[dict]:
+    """Rows (COLUMNS) for both implementations of one exported model; torch's thread count as set."""
+    if steps < 1 or warmup < 0 or batch < 1 or length < 1:
+        raise ValueError("steps, batch and length must be positive and warmup 0 or more")
+    model_dir = Path(model_dir)
+    record = manifest.verified_model(model_dir)
+    source_dir, source = acquire.model_dir(source_json)
+    if source.get("tree_sha256") != record.get("source_tree_sha256"):
+        raise StepTimeError(f"{source_json} describes another source than {model_dir / manifest.MANIFEST} "
+                            "was exported from; give the source of this export, or re-export the model")
+    ours = trainable.load(model_dir)  # token table frozen, as in fine-tuning
+    theirs = export.HiddenStates(export.load_pytorch(source_dir)).eval()  # no dropout
+    theirs.model.get_input_embeddings().weight.requires_grad_(False)
+    pad = theirs.model.config.pad_token_id
+    ids, mask, gold = _batch(ours.tokens.weight.shape[0], 0 if pad is None else int(pad), batch, length, seed)
+    with torch.no_grad():
+        max_abs = float((ours(ids, mask) - theirs(ids, mask)).abs().max())
+    width = ours.tokens.weight.shape[1]
+    steppers = [Stepper(encoder, _head(width, seed), lr, weight_decay, clip) for encoder in (ours, theirs)]
+    timings = time_steps(steppers, ids, mask, gold, warmup, steps)
+    return [{"model": record.get("model", model_dir.name), "implementation": name, **timing, "batch": batch,
+             "length": length, "steps": steps, "threads": torch.get_num_threads(), "max_abs": max_abs}
+            for name, timing in zip(IMPLEMENTATIONS, timings, strict=True)]
+
+
+def markdown(rows: list[dict]) -> str:
+    from ..provenance import markdown_table
+
+    return markdown_table(
+        ["model", "implementation", "forward", "backward", "clip", "optimizer", "total", "parameters"],
+        [(r["model"], r["implementation"], *(f"{float(r[k]):.4f} s" for k in COLUMNS[2:7]),
+          f"{int(r['parameters']):,}") for r in rows], "llrrrrrr")
