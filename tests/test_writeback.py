@@ -1,0 +1,300 @@
+"""Fine-tuned weights written back into the ONNX graph: byte identity, parity with the modules in ONNX
+Runtime, Identity-named tensors, and every refusal leaving nothing behind."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+
+from encoder_study import acquire, export, manifest, trainable, writeback
+from encoder_study.writeback import WritebackError
+
+TINY = ["bert-tiny", "xlmr-tiny", "modernbert-tiny"]
+
+
+def graph_path(exports, name):
+    return exports[name] / manifest.ONNX_FILE
+
+
+def perturbed(path, seed=1, tokens=True):
+    """The encoder of `path` with every weight moved a little, as a fine-tune would."""
+    encoder = trainable.load(path)
+    encoder.embeddings_frozen = not tokens
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in encoder.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    return encoder
+
+
+def inputs(seed=3):
+    ids = torch.randint(5, 1000, (3, 24), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[1, 17:], mask[2, 6:] = 0, 0
+    return ids, mask
+
+
+def max_abs_against_ort(encoder, onnx_path):
+    ids, mask = inputs()
+    with torch.no_grad():
+        ours = encoder(ids, mask).numpy()
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    theirs = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+    return float(np.abs(ours - theirs)[mask.numpy().astype(bool)].max())
+
+
+def only(directory, *names):
+    """Nothing in `directory` but `names` (no output, no temporary file)."""
+    return sorted(p.name for p in directory.iterdir()) == sorted(names)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_unchanged_weights_give_the_same_bytes(tiny_exports, tmp_path, name):
+    src = graph_path(tiny_exports, name)
+    encoder = trainable.load(src)
+    encoder.embeddings_frozen = False  # the token table too
+    replacements = writeback.module_weights_to_graph(encoder, src)
+    report = writeback.patch(src, tmp_path / "out.onnx", replacements)
+    assert (tmp_path / "out.onnx").read_bytes() == src.read_bytes()
+    assert not report.rewritten and not report.materialized
+    # The graph's own arrays under their own names: also the same bytes.
+    model = onnx.load(str(src))
+    every = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == 1}
+    writeback.patch(src, tmp_path / "again.onnx", every)
+    assert (tmp_path / "again.onnx").read_bytes() == src.read_bytes()
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_perturbed_weights_give_the_modules_states(tiny_exports, tmp_path, name):
+    src = graph_path(tiny_exports, name)
+    encoder = perturbed(src)
+    replacements = writeback.module_weights_to_graph(encoder, src)
+    out = tmp_path / "out.onnx"
+    report = writeback.patch(src, out, replacements)
+    assert report.rewritten and not report.unchanged
+    max_abs = max_abs_against_ort(encoder, out)
+    print(f"{name}: ONNX Runtime on the written graph vs modules, max abs {max_abs:.3g}")
+    assert max_abs < 1e-5
+    onnx.checker.check_model(str(out), full_check=True)
+
+    # Only the replaced tensors differ; everything else in the graph is as it was.
+    before, after = onnx.load(str(src)), onnx.load(str(out))
+    assert list(before.graph.node) == list(after.graph.node)
+    old = {t.name: t for t in before.graph.initializer}
+    new = {t.name: t for t in after.graph.initializer}
+    assert list(old) == list(new)
+    for key, tensor in new.items():
+        if key in replacements:
+            assert np.array_equal(numpy_helper.to_array(tensor), replacements[key])
+        else:
+            assert tensor == old[key]
+    for part in ("input", "output", "value_info"):
+        assert list(getattr(before.graph, part)) == list(getattr(after.graph, part))
+    before.graph.ClearField("initializer")
+    after.graph.ClearField("initializer")
+    assert before == after
+    if name != "modernbert-tiny":  # BERT family: positions folded, token types zeroed
+        types = numpy_helper.to_array(new["model.embeddings.token_type_embeddings.weight"])
+        assert not types.any()
+
+
+def test_linear_weights_go_back_in_in_out_layout(tiny_exports):
+    src = graph_path(tiny_exports, "bert-tiny")
+    encoder = trainable.load(src)
+    replacements = writeback.module_weights_to_graph(encoder, src)
+    query = encoder.layers[0].query.weight.detach().numpy()
+    graph = trainable.Graph(src)
+    node = next(n for n in graph.nodes if n.name == "/model/encoder/layer.0/attention/self/query/MatMul")
+    assert np.array_equal(replacements[node.input[1]], query.T)
+    assert "model.embeddings.word_embeddings.weight" not in replacements  # frozen table: left as it is
+
+
+def _export_fresh(models_dir, tmp_path):
+    """A freshly initialised bert-tiny: its zero biases and unit norms are stored once and named
+    through Identity nodes by the TorchScript exporter."""
+    from transformers import AutoConfig, AutoModel
+
+    torch.manual_seed(0)
+    source, _ = acquire.model_dir(models_dir / "sources" / "bert-tiny" / acquire.SOURCE_JSON)
+    config = AutoConfig.from_pretrained(source)
+    model = AutoModel.from_config(config, attn_implementation="eager").eval()
+    ids, mask = inputs()
+    path = tmp_path / "fresh" / "model.onnx"
+    path.parent.mkdir()
+    with torch.no_grad():
+        torch.onnx.export(export.HiddenStates(model).eval(), (ids, mask), path, dynamo=False,
+                          opset_version=17, do_constant_folding=True, input_names=list(export.INPUTS),
+                          output_names=[export.OUTPUT], dynamic_axes=export.DYNAMIC_AXES)
+    (path.parent / manifest.CONFIG_FILE).write_text(config.to_json_string())
+    return path
+
+
+@pytest.fixture(scope="module")
+def fresh(tiny_exports, models_dir, tmp_path_factory):
+    return _export_fresh(models_dir, tmp_path_factory.mktemp("fresh"))
+
+
+def test_identity_names_become_initializers(fresh, tmp_path):
+    model = onnx.load(str(fresh))
+    identities = [n for n in model.graph.node if n.op_type == "Identity"]
+    assert identities and any(not n.output[0].startswith("onnx::") for n in identities)
+    encoder = perturbed(fresh)
+    replacements = writeback.module_weights_to_graph(encoder, fresh)
+    out = tmp_path / "out.onnx"
+    report = writeback.patch(fresh, out, replacements)
+    assert report.materialized
+    assert max_abs_against_ort(encoder, out) < 1e-5
+    onnx.checker.check_model(str(out), full_check=True)
+    written = onnx.load(str(out))
+    dropped = set(report.materialized)
+    kept = [n for n in model.graph.node if not (n.op_type == "Identity" and n.output[0] in dropped)]
+    assert list(written.graph.node) == kept
+    names = {t.name for t in written.graph.initializer}
+    assert set(report.materialized) <= names
+
+    # Unchanged weights, Identity names included, still give the same bytes.
+    same = writeback.module_weights_to_graph(trainable.load(fresh), fresh)
+    assert any(name in {n.output[0] for n in identities} for name in same)
+    writeback.patch(fresh, tmp_path / "same.onnx", same)
+    assert (tmp_path / "same.onnx").read_bytes() == fresh.read_bytes()
+
+
+def test_one_identity_name_alone(fresh, tmp_path):
+    """Replacing one name of a shared tensor gives it its own initializer; the others keep the old value."""
+    model = onnx.load(str(fresh))
+    node = next(n for n in model.graph.node if n.op_type == "Identity" and n.output[0].endswith(".bias"))
+    stored = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == node.input[0]))
+    value = np.full_like(stored, 0.25)
+    out = tmp_path / "out.onnx"
+    report = writeback.patch(fresh, out, {node.output[0]: value})
+    assert report.materialized == [node.output[0]]
+    written = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
+    assert np.array_equal(written[node.output[0]], value)
+    assert np.array_equal(written[node.input[0]], stored)
+
+
+def test_refuses_a_shared_tensor_read_under_a_name_not_replaced(fresh, tmp_path):
+    model = onnx.load(str(fresh))
+    node = next(n for n in model.graph.node if n.op_type == "Identity" and n.output[0].endswith(".bias"))
+    stored = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == node.input[0]))
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    with pytest.raises(WritebackError, match=r"reads the same stored tensor.*give .* a value too"):
+        writeback.patch(fresh, out_dir / "out.onnx", {node.input[0]: stored + 1})
+    assert only(out_dir)
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+def refused(src, replacements, tmp_path, match):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir(exist_ok=True)
+    with pytest.raises(WritebackError, match=match):
+        writeback.patch(src, out_dir / "out.onnx", replacements)
+    assert only(out_dir), "a refusal left a file behind"
+
+
+@pytest.fixture
+def bert(tiny_exports, tmp_path):
+    src = graph_path(tiny_exports, "bert-tiny")
+    return src, {t.name: numpy_helper.to_array(t) for t in onnx.load(str(src)).graph.initializer}
+
+
+BIAS = "model.encoder.layer.0.attention.self.query.bias"
+
+
+@pytest.mark.parametrize("fraction", [0.0001, 0.01, 0.3, 0.5, 0.9, 0.9999])
+def test_refuses_a_truncated_file(bert, tmp_path, fraction):
+    src, arrays = bert
+    data = src.read_bytes()
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(data[:max(1, int(len(data) * fraction))])
+    refused(cut, {BIAS: arrays[BIAS] + 1}, tmp_path, f"{cut}: not a well-formed ONNX file")
+
+
+def test_refuses_a_length_past_its_parent(bert, tmp_path):
+    src, arrays = bert
+    data = src.read_bytes()
+    table = arrays["model.embeddings.word_embeddings.weight"]
+    header = b"\x4a" + writeback._encode_varint(table.nbytes)  # raw_data (field 9) of the token table
+    at = data.index(header)
+    longer = b"\x4a" + writeback._encode_varint(table.nbytes + 1000)
+    assert len(longer) == len(header)  # still inside the file, past its tensor
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(data[:at] + longer + data[at + len(header):])
+    refused(bad, {BIAS: arrays[BIAS] + 1}, tmp_path, "are left in its message")
+
+
+def test_refuses_garbage_and_huge_names(bert, tmp_path):
+    src, arrays = bert
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(bytes(range(256)) * 8)
+    refused(garbage, {BIAS: arrays[BIAS]}, tmp_path, "not a well-formed ONNX file")
+    model = onnx.load(str(src))
+    model.graph.initializer[5].name = "x" * 5000
+    huge = tmp_path / "huge.onnx"
+    onnx.save(model, huge)
+    refused(huge, {BIAS: arrays[BIAS]}, tmp_path, "more than 4096")
+
+
+def test_refuses_external_data(bert, tmp_path):
+    src, arrays = bert
+    model = onnx.load(str(src))
+    ext = tmp_path / "ext.onnx"
+    onnx.save(model, ext, save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+    refused(ext, {BIAS: arrays[BIAS] + 1}, tmp_path, r"external data.*save_as_external_data=False")
+
+
+def test_refuses_non_float32(bert, tmp_path):
+    src, arrays = bert
+    model = onnx.load(str(src))
+    index = next(i for i, t in enumerate(model.graph.initializer) if t.name == BIAS)
+    model.graph.initializer[index].CopyFrom(numpy_helper.from_array(arrays[BIAS].astype(np.float16), BIAS))
+    half = tmp_path / "half.onnx"
+    onnx.save(model, half)
+    refused(half, {BIAS: arrays[BIAS] + 1}, tmp_path, "not float32")
+    refused(src, {BIAS: (arrays[BIAS] + 1).astype(np.float64)}, tmp_path, "give float32 arrays")
+
+
+def test_refuses_wrong_shapes_and_unknown_names(bert, tmp_path):
+    src, arrays = bert
+    refused(src, {BIAS: np.zeros(17, np.float32)}, tmp_path, r"has shape \[17\], the graph's is \[16\]")
+    refused(src, {"model.no.such.weight": arrays[BIAS]}, tmp_path, "neither an initializer nor an Identity")
+
+
+def test_refuses_a_result_over_the_limit(bert, tmp_path, monkeypatch):
+    src, arrays = bert
+    monkeypatch.setattr(writeback, "MAX_OUTPUT", src.stat().st_size - 1)
+    refused(src, {BIAS: arrays[BIAS] + 1}, tmp_path, "over protobuf's 2 GiB limit")
+
+
+def test_float_data_is_rewritten_as_raw_data(bert, tmp_path):
+    src, arrays = bert
+    model = onnx.load(str(src))
+    tensor = next(t for t in model.graph.initializer if t.name == BIAS)
+    tensor.ClearField("raw_data")
+    tensor.float_data.extend(arrays[BIAS].tolist())
+    stored = tmp_path / "floats.onnx"
+    onnx.save(model, stored)
+    writeback.patch(stored, tmp_path / "same.onnx", {BIAS: arrays[BIAS]})
+    assert (tmp_path / "same.onnx").read_bytes() == stored.read_bytes()
+    report = writeback.patch(stored, tmp_path / "out.onnx", {BIAS: arrays[BIAS] + 1})
+    assert report.from_float_data == [BIAS]
+    written = next(t for t in onnx.load(str(tmp_path / "out.onnx")).graph.initializer if t.name == BIAS)
+    assert not written.float_data and np.array_equal(numpy_helper.to_array(written), arrays[BIAS] + 1)
+
+
+def test_failed_patch_keeps_an_existing_output(bert, tmp_path):
+    src, arrays = bert
+    out = tmp_path / "out.onnx"
+    shutil.copy(src, out)
+    with pytest.raises(WritebackError):
+        writeback.patch(src, out, {BIAS: np.zeros(3, np.float32)})
+    assert out.read_bytes() == src.read_bytes()
+    assert only(tmp_path, "out.onnx")

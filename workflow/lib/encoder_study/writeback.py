@@ -1,0 +1,589 @@
+"""Fine-tuned weights written back into a copy of the ONNX graph they were read from.
+
+`patch(src, dst, {name: array})` streams the source file's protobuf fields (onnx.proto3: ModelProto
+.graph = 7, GraphProto .node = 1 and .initializer = 5, TensorProto dims = 1, data_type = 2, name = 8,
+raw_data = 9) and writes a copy in which only the named float32 initializers' values differ. Every
+other field is copied as the byte range it was, so writing back unchanged values gives the source's
+bytes. `module_weights_to_graph(encoder, graph)` gives the replacements for a trainable encoder.
+
+The reader trusts nothing: every length is checked against the bytes left in its parent before it is
+read, names are at most 4 KiB, a node larger than 64 KiB is copied without being parsed, and a message
+has at most 4 million fields. Anything it cannot write faithfully (external data, non-float32
+weights, a result over 2 GiB, a malformed file) raises `WritebackError` before the output exists; the
+output is written under a temporary name and renamed, so a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import files
+
+log = logging.getLogger(__name__)
+
+MAX_NAME = 4096  # bytes in a tensor, node or value name
+MAX_NODE = 64 * 1024  # larger nodes (Constant tables, subgraphs) are copied, never parsed
+MAX_FIELDS = 4_000_000  # per message
+MAX_OUTPUT = 2**31 - 1  # protobuf's limit on one message: ONNX cannot load a larger single file
+CHUNK = 1 << 20
+
+FLOAT = 1  # TensorProto.DataType.FLOAT
+EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
+VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
+
+# TensorProto data fields other than raw_data (9) and float_data (4); a float32 tensor has none.
+OTHER_DATA = {5: "int32_data", 6: "string_data", 7: "int64_data", 10: "double_data", 11: "uint64_data"}
+FIX = ("write the graph again in one piece (onnx.save(onnx.load(path), path, save_as_external_data=False)) "
+       "or export it again with encoder_study.export")
+
+
+class WritebackError(ValueError):
+    """The graph cannot be patched as asked; the message names the file and what to do."""
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+class _Source:
+    """Reads small pieces of a file at offsets through one cached block, so the file is never held."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.handle = open(path, "rb")
+        self.size = os.fstat(self.handle.fileno()).st_size
+        self.block, self.block_start = b"", 0
+
+    def read(self, offset: int, n: int) -> bytes:
+        """`n` bytes at `offset`; callers have checked that they lie inside the file."""
+        end = offset + n
+        if not (self.block_start <= offset and end <= self.block_start + len(self.block)):
+            self.handle.seek(offset)
+            self.block, self.block_start = self.handle.read(max(n, 64 * 1024)), offset
+            if len(self.block) < n:
+                raise self.malformed(f"the file ends at byte {self.size}, inside a field at {offset}")
+        return self.block[offset - self.block_start:end - self.block_start]
+
+    def copy(self, start: int, end: int, out) -> None:
+        """Copy bytes [start, end) to `out` in chunks."""
+        self.handle.seek(start)
+        while start < end:
+            chunk = self.handle.read(min(CHUNK, end - start))
+            if not chunk:
+                raise self.malformed(f"the file ended while copying bytes {start}..{end}")
+            out.write(chunk)
+            start += len(chunk)
+
+    def malformed(self, why: str) -> WritebackError:
+        return WritebackError(f"{self.path}: not a well-formed ONNX file ({why}); it may be truncated or "
+                              "damaged: copy or export it again")
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _varint(data: bytes, pos: int, source: _Source, where: int) -> tuple[int, int]:
+    """(value, next position) of the varint at data[pos:]; at most 10 bytes, all inside `data`."""
+    value = shift = 0
+    for i in range(pos, min(pos + 10, len(data))):
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i + 1
+        shift += 7
+    raise source.malformed(f"a varint at byte {where + pos} runs past its message or past 10 bytes")
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+@dataclass
+class _Field:
+    number: int
+    wire: int
+    start: int  # of the key
+    value_start: int  # of the payload (after the length for LENGTH)
+    end: int
+    value: int = 0  # VARINT fields
+
+
+def _fields(source: _Source, start: int, end: int, data: bytes | None = None):
+    """Yield the fields of the message in bytes [start, end) of the file (or of `data`, which holds them)."""
+    pos, count = start, 0
+    while pos < end:
+        count += 1
+        if count > MAX_FIELDS:
+            raise source.malformed(f"more than {MAX_FIELDS} fields in the message at byte {start}")
+        if data is not None:
+            head = data[pos - start:pos - start + 20]
+        else:
+            head = source.read(pos, min(20, end - pos))
+        key, i = _varint(head, 0, source, pos)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise source.malformed(f"field number 0 at byte {pos}")
+        if wire == VARINT:
+            value, j = _varint(head, i, source, pos)
+            yield _Field(number, wire, pos, pos + i, pos + j, value)
+            pos += j
+            continue
+        if wire == LENGTH:
+            length, j = _varint(head, i, source, pos)
+            size, payload = j + length, pos + j
+        elif wire in (FIXED64, FIXED32):
+            size, payload = i + (8 if wire == FIXED64 else 4), pos + i
+        else:  # groups (3, 4) are not used by ONNX; 6 and 7 do not exist
+            raise source.malformed(f"wire type {wire} at byte {pos}")
+        if size > end - pos:
+            raise source.malformed(f"field {number} at byte {pos} needs {size} bytes, "
+                                   f"{end - pos} are left in its message")
+        yield _Field(number, wire, pos, payload, pos + size)
+        pos += size
+
+
+def _expect(source: _Source, f: _Field, wire: int, what: str) -> None:
+    if f.wire != wire:
+        raise source.malformed(f"{what} at byte {f.start} has wire type {f.wire}, expected {wire}")
+
+
+def _text(source: _Source, f: _Field, what: str, data: bytes | None = None, base: int = 0) -> str:
+    _expect(source, f, LENGTH, what)
+    if f.end - f.value_start > MAX_NAME:
+        raise source.malformed(f"a {what} at byte {f.start} is {f.end - f.value_start} bytes, "
+                               f"more than {MAX_NAME}")
+    raw = data[f.value_start - base:f.end - base] if data is not None else source.read(f.value_start,
+                                                                                       f.end - f.value_start)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise source.malformed(f"a {what} at byte {f.start} is not UTF-8") from err
+
+
+@dataclass
+class _Tensor:
+    """An initializer as indexed: where its field lies and what the patcher needs to know of it."""
+
+    span: _Field
+    name: str = ""
+    data_type: int = 0
+    dims: list[int] = field(default_factory=list)
+    external: bool = False
+    parts: list[_Field] = field(default_factory=list)  # the tensor's own fields, in order
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.dims)  # Python ints: hostile dims cannot overflow
+
+
+def _tensor(source: _Source, outer: _Field) -> _Tensor:
+    t = _Tensor(outer)
+    for f in _fields(source, outer.value_start, outer.end):
+        t.parts.append(f)
+        if f.number == 1:  # dims: unpacked varints or one packed run
+            if f.wire == VARINT:
+                t.dims.append(f.value)
+            else:
+                _expect(source, f, LENGTH, "tensor dims")
+                if f.end - f.value_start > MAX_NAME:
+                    raise source.malformed(f"tensor dims at byte {f.start} exceed {MAX_NAME} bytes")
+                run = source.read(f.value_start, f.end - f.value_start)
+                pos = 0
+                while pos < len(run):
+                    value, pos = _varint(run, pos, source, f.value_start)
+                    t.dims.append(value)
+        elif f.number == 2:
+            _expect(source, f, VARINT, "tensor data_type")
+            t.data_type = f.value
+        elif f.number == 8:
+            t.name = _text(source, f, "tensor name")
+        elif f.number == 13:  # external_data entries
+            t.external = True
+        elif f.number == 14:
+            _expect(source, f, VARINT, "tensor data_location")
+            t.external = t.external or f.value == EXTERNAL
+    if any(d >= 2**63 for d in t.dims):
+        raise source.malformed(f"tensor {t.name!r} has a negative dimension")
+    return t
+
+
+@dataclass
+class _Node:
+    span: _Field
+    op_type: str = ""
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+
+def _node(source: _Source, outer: _Field) -> _Node:
+    data = source.read(outer.value_start, outer.end - outer.value_start)
+    node = _Node(outer)
+    for f in _fields(source, outer.value_start, outer.end, data):
+        if f.number == 1:
+            node.inputs.append(_text(source, f, "node input", data, outer.value_start))
+        elif f.number == 2:
+            node.outputs.append(_text(source, f, "node output", data, outer.value_start))
+        elif f.number == 4:
+            node.op_type = _text(source, f, "node op_type", data, outer.value_start)
+    return node
+
+
+@dataclass
+class _Index:
+    model_fields: list[_Field]
+    graph: _Field
+    graph_fields: list[_Field]
+    tensors: dict[str, _Tensor]  # by name
+    identity: dict[str, _Node]  # output name -> Identity node
+
+
+def _index(source: _Source) -> _Index:
+    model_fields = list(_fields(source, 0, source.size))
+    graphs = [f for f in model_fields if f.number == 7]
+    if len(graphs) != 1:
+        raise source.malformed(f"{len(graphs)} graph fields (ModelProto.graph), expected one")
+    _expect(source, graphs[0], LENGTH, "the graph")
+    if not any(f.number == 8 for f in model_fields):
+        raise source.malformed("no opset_import; the file probably ends early")
+    graph = graphs[0]
+    graph_fields = list(_fields(source, graph.value_start, graph.end))
+    tensors, identity = {}, {}
+    for f in graph_fields:
+        if f.number == 5:
+            _expect(source, f, LENGTH, "an initializer")
+            t = _tensor(source, f)
+            if t.name in tensors:
+                raise source.malformed(f"two initializers are named {t.name!r}")
+            tensors[t.name] = t
+        elif f.number == 1:
+            _expect(source, f, LENGTH, "a node")
+            if f.end - f.value_start <= MAX_NODE:
+                node = _node(source, f)
+                if node.op_type == "Identity" and len(node.inputs) == 1 and len(node.outputs) == 1:
+                    identity[node.outputs[0]] = node
+    return _Index(model_fields, graph, graph_fields, tensors, identity)
+
+
+def _old_value(source: _Source, t: _Tensor) -> np.ndarray:
+    """The stored float32 values of `t` (raw_data or float_data), checked against its dims."""
+    data = [f for f in t.parts if f.number in (4, 9)]
+    chunks = []
+    for f in data:
+        if f.number == 9 or f.wire == LENGTH:
+            chunks.append(source.read(f.value_start, f.end - f.value_start))
+        else:  # an unpacked float_data entry (wire type 5)
+            chunks.append(source.read(f.value_start, 4))
+    raw = b"".join(chunks)
+    if len(raw) != 4 * t.count:
+        raise source.malformed(f"tensor {t.name!r} has {len(raw)} bytes of data for dims {t.dims}")
+    return np.frombuffer(raw, dtype="<f4").reshape(t.dims)
+
+
+# -- writing --------------------------------------------------------------------------------------
+
+@dataclass
+class PatchReport:
+    """What `patch` did, by name."""
+
+    rewritten: list[str] = field(default_factory=list)  # stored initializers with new values
+    unchanged: list[str] = field(default_factory=list)  # replacements equal to what the name already read
+    materialized: list[str] = field(default_factory=list)  # Identity names that became initializers
+    from_float_data: list[str] = field(default_factory=list)  # rewritten as raw_data (were float_data)
+    bytes_written: int = 0
+
+
+def _key(number: int, wire: int) -> bytes:
+    return _encode_varint(number << 3 | wire)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bitwise equality (NaNs and signed zeros included), the equality a byte-identical copy needs."""
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def patch(src_onnx: str | os.PathLike, dst_onnx: str | os.PathLike,
+          replacements: dict[str, np.ndarray]) -> PatchReport:
+    """Write `dst_onnx`, a copy of `src_onnx` in which the named float32 tensors hold the given values.
+
+    A name is an initializer's, or the output of an `Identity` node that reads one (the exporter's
+    way of storing equal tensors once): such a name becomes its own initializer and its node is
+    dropped. A replacement equal to what its name already reads changes nothing. Refused: a change
+    to a tensor that another name, not replaced, also reads through `Identity`; unknown names; shapes
+    or dtypes other than the graph's; external data; a malformed file; a result over 2 GiB.
+    """
+    src, dst = Path(src_onnx), Path(dst_onnx)
+    source = _Source(src)
+    try:
+        plan = _plan(source, replacements)
+        with files.atomic_path(dst) as tmp:
+            with open(tmp, "wb") as out:
+                _write(source, plan, out)
+            written = tmp.stat().st_size
+            if written != plan.size:
+                raise WritebackError(f"{dst}: wrote {written} bytes, planned {plan.size}; this is a bug")
+    finally:
+        source.close()
+    plan.report.bytes_written = plan.size
+    for name in plan.report.from_float_data:
+        log.info("%s: %s was stored as float_data; written as raw_data", dst, name)
+    return plan.report
+
+
+@dataclass
+class _Plan:
+    index: _Index
+    rewrite: dict[str, np.ndarray]  # stored name -> new value
+    new: dict[str, np.ndarray]  # Identity output name -> value of its new initializer
+    drop: set[int]  # start offsets of the Identity nodes to drop
+    report: PatchReport
+    size: int = 0
+    graph_body: int = 0
+    tensor_bodies: dict[int, list] = field(default_factory=dict)  # initializer start -> pieces
+    new_fields: bytes = b""
+
+
+def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
+    path = source.path
+    index = _index(source)
+    external = [t.name for t in index.tensors.values() if t.external]
+    if external:
+        raise WritebackError(f"{path}: {len(external)} initializers (e.g. {external[0]!r}) live in external "
+                             f"data files, which a copy of the graph file would not carry; {FIX}")
+    values: dict[str, np.ndarray] = {}
+    for name, array in replacements.items():
+        array = np.asarray(array)
+        if array.dtype != np.float32:
+            raise WritebackError(f"{path}: the value for {name!r} is {array.dtype}; give float32 arrays "
+                                 "(the graph's weights are float32)")
+        values[name] = np.ascontiguousarray(array, dtype="<f4")
+
+    def root(name: str) -> str:
+        """The stored initializer `name` reads, following Identity nodes."""
+        seen = set()
+        while name not in index.tensors:
+            if name not in index.identity or name in seen:
+                raise WritebackError(
+                    f"{path}: {name!r} is neither an initializer nor an Identity of one in this graph; give "
+                    "the graph's own names (module_weights_to_graph(encoder, graph) gives them)")
+            seen.add(name)
+            name = index.identity[name].inputs[0]
+        return name
+
+    old_cache: dict[str, np.ndarray] = {}
+
+    def old(name: str) -> np.ndarray:
+        stored = root(name)
+        if stored not in old_cache:
+            old_cache[stored] = _old_value(source, index.tensors[stored])
+        return old_cache[stored]
+
+    def final(name: str) -> np.ndarray | None:
+        """What `name` reads after the patch; None when that is its unchanged stored value."""
+        if name in values:
+            return values[name]
+        if name in index.tensors:
+            return None
+        return final(index.identity[name].inputs[0])
+
+    for name, array in values.items():
+        if name in index.tensors and name in index.identity:
+            raise source.malformed(f"{name!r} is both an initializer and an Identity output")
+        t = index.tensors[root(name)]
+        if t.data_type != FLOAT:
+            raise WritebackError(f"{path}: {name!r} is stored as data type {t.data_type}, not float32 (1); "
+                                 "only float32 weights are written back: export the model in float32")
+        if list(array.shape) != t.dims:
+            raise WritebackError(f"{path}: the value for {name!r} has shape {list(array.shape)}, the graph's "
+                                 f"is {t.dims} (linear weights go in as [in, out]; module_weights_to_graph "
+                                 "gives the graph's layout)")
+
+    report = PatchReport()
+    rewrite, new, drop = {}, {}, set()
+    for name, array in values.items():
+        if name in index.tensors:
+            if _same(array, old(name)):
+                report.unchanged.append(name)
+            else:
+                rewrite[name] = array
+                report.rewritten.append(name)
+        else:
+            reads = final(index.identity[name].inputs[0])
+            if _same(array, old(name) if reads is None else reads):
+                report.unchanged.append(name)
+            else:
+                new[name] = array
+                drop.add(index.identity[name].span.start)
+                report.materialized.append(name)
+    # A name not replaced that reads a changed tensor through Identity would silently change too.
+    for name, node in index.identity.items():
+        if name in values or name in index.tensors:
+            continue
+        try:
+            stored = root(name)
+        except WritebackError:
+            continue  # an Identity of a computed value; no weight of ours
+        reads = final(node.inputs[0])
+        if reads is not None and not _same(reads, old(stored)):
+            via = next(n for n in [node.inputs[0], stored] if n in values)
+            raise WritebackError(
+                f"{path}: {via!r} changes, but {name!r} reads the same stored tensor {stored!r} through an "
+                f"Identity node and is not replaced; give {name!r} a value too (the old one to keep it)")
+    old_cache.clear()
+    plan = _Plan(index, rewrite, new, drop, report)
+    _layout(source, plan)
+    if plan.size > MAX_OUTPUT:
+        raise WritebackError(f"{path}: the result would be {plan.size} bytes, over protobuf's 2 GiB limit "
+                             "for one ONNX file; keep these weights in the pipeline file instead")
+    return plan
+
+
+def _tensor_pieces(source: _Source, t: _Tensor, value: np.ndarray, report: PatchReport) -> list:
+    """The tensor's fields with its data replaced by one raw_data field where the first data field was."""
+    pieces, placed = [], False
+    for f in t.parts:
+        if f.number in OTHER_DATA or f.number == 3:
+            kind = OTHER_DATA.get(f.number, "segment")
+            raise source.malformed(f"float32 tensor {t.name!r} has a {kind} field")
+        if f.number in (4, 9):
+            if f.number == 4 and t.name not in report.from_float_data:
+                report.from_float_data.append(t.name)
+            if not placed:
+                pieces.append(_key(9, LENGTH) + _encode_varint(value.nbytes))
+                pieces.append(value)
+                placed = True
+            continue
+        pieces.append((f.start, f.end))
+    if not placed:
+        raise source.malformed(f"tensor {t.name!r} has no data")
+    return pieces
+
+
+def _size(pieces) -> int:
+    return sum(p[1] - p[0] if isinstance(p, tuple) else p.nbytes if isinstance(p, np.ndarray) else len(p)
+               for p in pieces)
+
+
+def _layout(source: _Source, plan: _Plan) -> None:
+    """Work out every replaced piece and the result's size before anything is written."""
+    from onnx import numpy_helper
+
+    index = plan.index
+    for name, value in plan.rewrite.items():
+        t = index.tensors[name]
+        body = _tensor_pieces(source, t, value, plan.report)
+        plan.tensor_bodies[t.span.start] = [_key(5, LENGTH) + _encode_varint(_size(body))] + body
+    parts = []
+    for name, value in plan.new.items():
+        encoded = numpy_helper.from_array(value, name).SerializeToString()
+        parts.append(_key(5, LENGTH) + _encode_varint(len(encoded)) + encoded)
+    plan.new_fields = b"".join(parts)
+    graph_size = len(plan.new_fields)
+    for f in index.graph_fields:
+        if f.start in plan.drop:
+            continue
+        body = plan.tensor_bodies.get(f.start)
+        graph_size += _size(body) if body is not None else f.end - f.start
+    plan.graph_body = graph_size
+    size = 0
+    for f in index.model_fields:
+        if f is index.graph:
+            size += len(_key(7, LENGTH) + _encode_varint(graph_size)) + graph_size
+        else:
+            size += f.end - f.start
+    plan.size = size
+
+
+def _write_pieces(source: _Source, pieces, out) -> None:
+    for p in pieces:
+        if isinstance(p, tuple):
+            source.copy(p[0], p[1], out)
+        else:
+            out.write(memoryview(p).cast("B") if isinstance(p, np.ndarray) else p)
+
+
+def _write(source: _Source, plan: _Plan, out) -> None:
+    index = plan.index
+    last_initializer = max((f.start for f in index.graph_fields if f.number == 5), default=None)
+    for f in index.model_fields:
+        if f is not index.graph:
+            source.copy(f.start, f.end, out)
+            continue
+        out.write(_key(7, LENGTH) + _encode_varint(plan.graph_body))
+        for g in index.graph_fields:
+            if g.start in plan.drop:
+                continue
+            body = plan.tensor_bodies.get(g.start)
+            _write_pieces(source, body if body is not None else [(g.start, g.end)], out)
+            if g.start == last_initializer:
+                out.write(plan.new_fields)  # new initializers go after the others
+        if last_initializer is None:
+            out.write(plan.new_fields)
+
+
+# -- from the trainable modules -------------------------------------------------------------------
+
+def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) -> dict[str, np.ndarray]:
+    """The encoder's current weights under the names `graph` reads them by, in the graph's layout.
+
+    `graph`: the model.onnx (or its directory, or a `trainable.Graph`) the encoder was loaded from.
+    Linear weights go back to [in, out] under the name their MatMul reads. The token table is included
+    when it is trainable (or when `include_tokens` says so). For a BERT-family graph the module holds
+    positions + token-type row 0 in one table, and the graph adds token-type row 0 to every position:
+    a changed table is written with the row folded in and the token-type table zeroed (the same sums);
+    an unchanged one is left out, so the graph keeps its own two tables.
+    """
+    from .trainable import FAMILIES, _module_weights
+    from .trainable import postnorm as pn
+    from .trainable.graph import ANONYMOUS, Graph, module_scope
+
+    if not isinstance(graph, Graph):
+        path = Path(graph)
+        graph = Graph(path / "model.onnx" if path.is_dir() else path)
+    weights, prefix = _module_weights(graph)
+    family = encoder.settings.family
+    module = FAMILIES[family][0]
+    names = module._names(encoder.settings.layers)
+    # Module name -> the names its MatMul nodes read (the exporter's anonymous [in, out] weights).
+    linear: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        if node.op_type == "MatMul" and len(node.input) == 2:
+            stored = graph.resolve(node.input[1])
+            scope = module_scope(node.name)
+            if stored in graph.initializers and stored.startswith(ANONYMOUS) and scope:
+                linear.setdefault(scope + ".weight", []).append(node.input[1])
+    if include_tokens is None:
+        include_tokens = not encoder.embeddings_frozen
+    params = dict(encoder.named_parameters())
+    out: dict[str, np.ndarray] = {}
+    for param, theirs in names.items():
+        if param == "tokens.weight" and not include_tokens:
+            continue
+        value = params[param].detach().cpu().numpy().astype(np.float32, copy=True)
+        full = prefix + theirs
+        if full in linear:
+            for read in linear[full]:
+                out[read] = np.ascontiguousarray(value.T)
+        else:
+            out[full] = value
+    if family == "postnorm":
+        positions = params["positions"].detach().cpu().numpy().astype(np.float32, copy=True)
+        types = weights.get(pn.TOKEN_TYPES)
+        folded = weights[pn.POSITIONS] + (types[0] if types is not None else np.float32(0))
+        if not _same(positions, folded.astype(np.float32)):
+            out[prefix + pn.POSITIONS] = positions
+            if types is not None:
+                out[prefix + pn.TOKEN_TYPES] = np.zeros_like(types)
+    missing = set(params) - set(names) - {"positions"}
+    if missing:
+        raise WritebackError(f"{graph.path}: the encoder has parameters with no graph name "
+                             f"({', '.join(sorted(missing)[:3])}); it was not read from this graph's family")
+    return out
