@@ -24,6 +24,7 @@ def test_fragment_records_files_settings_and_table(tmp_path):
     text = frag.read_text()
     assert text.startswith("# make_table (x)\n")
     assert "| seed | 3 |" in text and "| recipe | demo |" in text and "## Table" in text
+    assert "| command | `encoder-study demo` |" in text
     rows = provenance.fragment_files(text)
     assert [(r[0], r[1]) for r in rows] == [("input", inp.as_posix()), ("output", data.as_posix())]
     assert rows[1][3] == files.sha256_file(data) and rows[1][2] == data.stat().st_size
