@@ -17,6 +17,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/parity.smk"
 include: "workflow/rules/tagging.smk"
+include: "workflow/rules/retrieval.smk"
 include: "workflow/rules/provenance.smk"
 
 
@@ -32,3 +33,4 @@ rule all:
         rules.export.input,
         rules.parity.input,
         rules.en_tagging.input,
+        rules.retrieval.input,

@@ -63,7 +63,8 @@ rule tag_train:
     params:
         model_dir=lambda wc: f"results/models/{RUNS[wc.run]['model']}",
         options=lambda wc: run_options(RUNS[wc.run]),
-        # Outside the run's directory, which Snakemake empties when a job fails: a rerun resumes here.
+        # Outside the run's directory, whose outputs Snakemake deletes when a job fails: a rerun resumes
+        # here. Removed once the run is done, so a later rerun (new code, new data) starts afresh.
         checkpoint=lambda wc: f"results/tagging/checkpoints/{wc.run}.pt",
         resamples=config["tagging"]["resamples"],
         seed=config["tagging"]["seed"],
@@ -87,7 +88,7 @@ rule tag_train:
         " --out-dir results/tagging/{wildcards.run:q} --checkpoint {params.checkpoint:q}"
         " {params.options} --seed {params.seed} --resamples {params.resamples} --threads {params.threads}"
         " --no-progress --provenance {output.prov:q} >> {log:q} 2>&1 && status=0 || status=$?;"
-        " done; exit $status"
+        " done; if [ $status -eq 0 ]; then rm -f {params.checkpoint:q}; fi; exit $status"
 
 
 rule tag_baseline:

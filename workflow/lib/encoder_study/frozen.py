@@ -19,7 +19,7 @@ import numpy as np
 
 from . import manifest, runtime
 from .runtime import INPUTS, OPTIMIZATIONS, OUTPUT, usable_positions
-from .tokens import Doc, DocPieces, PieceTokenizer, check_pooling
+from .tokens import Doc, DocPieces, PieceTokenizer, check_pooling, join_word_pieces
 
 
 class EncoderError(RuntimeError):
@@ -133,36 +133,32 @@ class FrozenEncoder:
 
     def __call__(self, docs: Sequence[Doc]) -> list[np.ndarray]:
         """One float32 array [n_words, width] per document, in order."""
-        todo: dict[Doc, DocPieces] = {}  # first-seen order; equal documents run once
         for doc in docs:
             if not isinstance(doc, Doc):
                 raise TypeError(f"FrozenEncoder takes encoder_study.tokens.Doc, got {type(doc).__name__}")
-            if doc not in self._cache and doc not in todo:
-                todo[doc] = self.tokenizer.prepare(doc, self.max_length)
-        self._run(todo)
+        todo = list(dict.fromkeys(doc for doc in docs if doc not in self._cache))  # equal documents run once
+        if todo:
+            self._run(todo, self.tokenizer.prepare_many(todo, self.max_length))
         return [self._cache[doc].copy() for doc in docs]  # copies: callers cannot alter the cache
 
-    def _run(self, todo: dict[Doc, DocPieces]) -> None:
-        # Piece vectors of documents still waiting for some of their windows.
-        hidden = {doc: np.zeros((len(p), self.width), np.float32) for doc, p in todo.items()}
-        left = {doc: len(p.windows) for doc, p in todo.items()}
-        for doc in [d for d, n in left.items() if n == 0]:  # no pieces: all words are zeros
-            self._finish(doc, todo[doc], hidden)
-        jobs = [(doc, k) for doc, p in todo.items() for k in range(len(p.windows))]
-        jobs.sort(key=lambda job: -len(todo[job[0]].inputs[job[1]]))  # stable: ties keep call order
+    def _run(self, docs: list[Doc], prepared: list[DocPieces]) -> None:
+        # The piece vectors of all documents, one after another.
+        piece_start = np.cumsum([0] + [len(p) for p in prepared])
+        hidden = np.zeros((int(piece_start[-1]), self.width), np.float32)
+        jobs = [(d, k) for d, p in enumerate(prepared) for k in range(len(p.windows))]
+        jobs.sort(key=lambda job: -len(prepared[job[0]].inputs[job[1]]))  # stable: ties keep call order
         for b in range(0, len(jobs), self.batch_size):
             batch = jobs[b:b + self.batch_size]
-            out = self._forward([todo[doc].inputs[k] for doc, k in batch])
-            for i, (doc, k) in enumerate(batch):
-                pieces = todo[doc]
+            out = self._forward([prepared[d].inputs[k] for d, k in batch])
+            for i, (d, k) in enumerate(batch):
+                pieces = prepared[d]
                 mine = np.flatnonzero(pieces.owner == k)
-                hidden[doc][mine] = out[i, pieces.row[mine]]
-                left[doc] -= 1
-                if left[doc] == 0:
-                    self._finish(doc, pieces, hidden)
-
-    def _finish(self, doc: Doc, pieces: DocPieces, hidden: dict[Doc, np.ndarray]) -> None:
-        self._cache[doc] = pieces.words.pool(hidden.pop(doc), self.pooling)
+                hidden[piece_start[d] + mine] = out[i, pieces.row[mine]]
+        # Pool all documents at once, then hand each its rows.
+        vectors = join_word_pieces([p.words for p in prepared], piece_start[:-1]).pool(hidden, self.pooling)
+        word_start = np.cumsum([0] + [p.words.n_words for p in prepared]).tolist()
+        for d, doc in enumerate(docs):
+            self._cache[doc] = vectors[word_start[d]:word_start[d + 1]]
 
     def _forward(self, sequences: list[np.ndarray]) -> np.ndarray:
         """Right-pad the sequences to the longest and run them as one batch."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -150,8 +151,30 @@ class WordPieces:
         """float32 [n_words, width] word vectors from float32 [n_pieces, width] piece vectors."""
         word, piece, weight = self.gather(pooling)
         out = np.zeros((self.n_words, hidden.shape[1]), dtype=np.float32)
-        np.add.at(out, word, weight[:, None] * hidden[piece])  # unbuffered: repeated words add up
+        if not len(word):
+            return out
+        terms = hidden[piece]
+        terms *= weight[:, None]
+        # Pairs are sorted by word, so each word's terms are one run. Sum every run left to right into
+        # its first row, adding the r-th term of all runs at once for r = 1, 2, ...: the order of a
+        # plain loop over the pairs (np.add.reduceat, being pairwise, can differ in the last bit).
+        runs = np.flatnonzero(np.diff(word, prepend=-1))
+        lengths = np.diff(runs, append=len(word))
+        for r in range(1, int(lengths.max())):
+            longer = runs[lengths > r]
+            terms[longer] += terms[longer + r]
+        out[word[runs]] = terms[runs]
         return out
+
+
+def join_word_pieces(parts: Sequence[WordPieces], piece_start: Sequence[int]) -> WordPieces:
+    """The words and pieces of several documents laid one after another, document d's pieces
+    starting at piece_start[d]: pooling the joined pieces pools every document at once."""
+    word_start = np.cumsum([0] + [part.n_words for part in parts])
+    none = [np.zeros(0, np.int64)]  # so that no parts join to no pairs
+    word = np.concatenate(none + [part.word + word_start[d] for d, part in enumerate(parts)])
+    piece = np.concatenate(none + [part.piece + piece_start[d] for d, part in enumerate(parts)])
+    return WordPieces(int(word_start[-1]), word, piece)
 
 
 def check_pooling(pooling: str) -> None:
@@ -164,19 +187,75 @@ def word_pieces(offsets: np.ndarray, words: Sequence[tuple[int, int]]) -> WordPi
 
     Ranges are half-open; they overlap when their intersection is non-empty, so an empty word or an
     empty piece (a special token's (0, 0)) overlaps nothing.
+
+    Pieces come in text order, so the starts and the ends of the non-empty pieces normally both
+    ascend (overlapping pieces included). Then the pieces starting before a word's end are a prefix
+    of them and those ending after its start a suffix, and the word's pieces are the run in between,
+    found by binary search. Pieces out of order fall back to testing every piece against every word.
     """
     offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    spans = np.asarray(words, dtype=np.int64).reshape(-1, 2)
+    if not _in_text_order(offsets):
+        return _word_pieces_any_order(offsets, spans)
+    return _word_pieces_in_order(offsets, spans)
+
+
+def word_pieces_many(offsets: Sequence[np.ndarray],
+                     words: Sequence[Sequence[tuple[int, int]]]) -> list[WordPieces]:
+    """`word_pieces` of several documents, mapped at once.
+
+    The (non-negative) character ranges of document d are moved by d * extent, past every range of the
+    documents before it, so that no piece of one overlaps a word of another; the pairs found are then
+    cut back into documents.
+    """
+    n_pieces = [len(o) for o in offsets]
+    n_words = [len(w) for w in words]
+    joined_offsets = np.concatenate([np.zeros((0, 2), np.int64), *offsets])
+    spans = np.fromiter(chain.from_iterable(chain.from_iterable(words)), np.int64, 2 * sum(n_words))
+    extent = 1 + max(int(joined_offsets.max(initial=0)), int(spans.max(initial=0)))
+    shift = np.arange(len(offsets), dtype=np.int64) * extent
+    joined_offsets += np.repeat(shift, n_pieces)[:, None]
+    if not _in_text_order(joined_offsets):  # map each document on its own, in order or not
+        return [word_pieces(o, w) for o, w in zip(offsets, words, strict=True)]
+    joined = _word_pieces_in_order(joined_offsets, spans.reshape(-1, 2) + np.repeat(shift, n_words)[:, None])
+    piece_start = np.cumsum([0] + n_pieces)
+    word_start = np.cumsum([0] + n_words)
+    cuts = np.searchsorted(joined.word, word_start)  # each document's pairs, as its words, are one run
+    return [WordPieces(n_words[d], joined.word[cuts[d]:cuts[d + 1]] - word_start[d],
+                       joined.piece[cuts[d]:cuts[d + 1]] - piece_start[d]) for d in range(len(n_words))]
+
+
+def _in_text_order(offsets: np.ndarray) -> bool:
+    """Whether the starts and the ends of the non-empty pieces both ascend."""
+    real = offsets[offsets[:, 0] < offsets[:, 1]]
+    return not ((np.diff(real[:, 0]) < 0).any() or (np.diff(real[:, 1]) < 0).any())
+
+
+def _word_pieces_in_order(offsets: np.ndarray, spans: np.ndarray) -> WordPieces:
+    real = np.flatnonzero(offsets[:, 0] < offsets[:, 1])
+    starts, ends = offsets[real, 0], offsets[real, 1]
+    first = np.searchsorted(ends, spans[:, 0], side="right")  # the first piece ending after the start
+    stop = np.searchsorted(starts, spans[:, 1], side="left")  # past the last piece starting before the end
+    counts = np.where(spans[:, 0] < spans[:, 1], np.maximum(stop - first, 0), 0)
+    word = np.repeat(np.arange(len(spans), dtype=np.int64), counts)
+    # Pair j of word w is its (j - pairs before w)-th piece, counted from `first[w]`.
+    shift = np.repeat(first - (np.cumsum(counts) - counts), counts)
+    return WordPieces(len(spans), word, real[np.arange(len(word)) + shift].astype(np.int64))
+
+
+def _word_pieces_any_order(offsets: np.ndarray, spans: np.ndarray) -> WordPieces:
+    """`word_pieces` for pieces in any order: every piece tested against every word."""
     starts, ends = offsets[:, 0], offsets[:, 1]
     word_index, piece_index = [], []
-    for i, (start, end) in enumerate(words):
+    for i, (start, end) in enumerate(spans.tolist()):
         if start >= end:
             continue
         hits = np.flatnonzero((starts < end) & (ends > start) & (starts < ends))
         word_index.append(np.full(len(hits), i, dtype=np.int64))
         piece_index.append(hits.astype(np.int64))
     if not word_index:
-        return WordPieces(len(words), np.zeros(0, np.int64), np.zeros(0, np.int64))
-    return WordPieces(len(words), np.concatenate(word_index), np.concatenate(piece_index))
+        return WordPieces(len(spans), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return WordPieces(len(spans), np.concatenate(word_index), np.concatenate(piece_index))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -223,6 +302,8 @@ class PieceTokenizer:
         tokenizer.no_truncation()
         self.tokenizer = tokenizer
         self.prefix, self.suffix = self._probe_specials()
+        self._prefix = np.asarray(self.prefix, dtype=np.int64)
+        self._suffix = np.asarray(self.suffix, dtype=np.int64)
 
     @property
     def n_specials(self) -> int:
@@ -250,9 +331,20 @@ class PieceTokenizer:
         offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
         return ids, offsets
 
+    def encode_many(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`encode` of each text, the texts encoded together (in parallel, the GIL released)."""
+        encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        # Converted all at once: many small conversions cost more than the encoding.
+        n_pieces = [len(e.ids) for e in encodings]
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, sum(n_pieces))
+        offsets = np.fromiter(chain.from_iterable(chain.from_iterable(e.offsets for e in encodings)),
+                              np.int64, 2 * sum(n_pieces)).reshape(-1, 2)
+        cuts = np.cumsum([0] + n_pieces).tolist()
+        return [(ids[a:b], offsets[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
     def wrap(self, ids: np.ndarray) -> np.ndarray:
         """The ids with the special tokens around them: what the model sees for one window."""
-        return np.concatenate([np.asarray(self.prefix, np.int64), ids, np.asarray(self.suffix, np.int64)])
+        return np.concatenate([self._prefix, ids, self._suffix])
 
     def window_size(self, max_length: int) -> int:
         """Pieces per window when a window, specials included, has at most `max_length` ids."""
@@ -266,14 +358,28 @@ class PieceTokenizer:
     def prepare(self, doc: Doc, max_length: int) -> DocPieces:
         """Encode, cut into windows and map the words of one document."""
         ids, offsets = self.encode(doc.text)
-        windows = cut_windows(len(ids), self.window_size(max_length))
-        owner = nearest_windows(len(ids), windows)
+        return self._assemble(ids, offsets, word_pieces(offsets, doc.words), self.window_size(max_length))
+
+    def prepare_many(self, docs: Sequence[Doc], max_length: int) -> list[DocPieces]:
+        """`prepare` of each document; the texts are encoded and the words mapped together."""
+        size = self.window_size(max_length)
+        encoded = self.encode_many([doc.text for doc in docs])
+        offsets = [o for _, o in encoded]
+        words = word_pieces_many(offsets, [doc.words for doc in docs])
+        return [self._assemble(ids, o, w, size) for (ids, o), w in zip(encoded, words, strict=True)]
+
+    def _assemble(self, ids: np.ndarray, offsets: np.ndarray, words: WordPieces, size: int) -> DocPieces:
+        windows = cut_windows(len(ids), size)
+        if len(windows) == 1:  # the usual case, and what nearest_windows would say
+            owner = np.zeros(len(ids), dtype=np.int64)
+        else:
+            owner = nearest_windows(len(ids), windows)
         starts = np.asarray([start for start, _ in windows], dtype=np.int64)
         row = np.arange(len(ids), dtype=np.int64) - starts[owner] + len(self.prefix)
         return DocPieces(
             ids=ids, offsets=offsets, windows=windows,
             inputs=tuple(self.wrap(ids[start:end]) for start, end in windows),
-            owner=owner, row=row, words=word_pieces(offsets, doc.words))
+            owner=owner, row=row, words=words)
 
 
 def _find(haystack: Sequence[int], needle: Sequence[int]) -> int:

@@ -1,0 +1,205 @@
+"""The three-head retrieval graph: each head against the reference, the max reduction, padded batches,
+the published directory, its manifest and the verification command."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from encoder_study import export, files, retrieval, runtime, tables
+
+
+@pytest.fixture(scope="module")
+def built(tiny_exports, models_dir, tmp_path_factory):
+    """xlmr-tiny with random heads, made and exported by the commands the workflow runs."""
+    source = models_dir / "sources" / "xlmr-tiny" / "source.json"
+    base = tmp_path_factory.mktemp("retrieval")
+    prov = base / "provenance" / "retrieval"
+    assert retrieval.main(["heads", "--source", str(source), "--seed", "0", "--out-dir", str(base / "heads"),
+                           "--provenance", str(prov / "retrieval_heads.md")]) == 0
+    assert retrieval.main([
+        "export", "--source", str(source), "--heads-dir", str(base / "heads"),
+        "--out-dir", str(base / "model"),
+        "--parity", str(base / "parity.csv"), "--markdown", str(base / "parity.md"),
+        "--provenance", str(prov / "retrieval_export.md")]) == 0
+    return {"base": base, "source": source, "model": base / "model", "heads": base / "heads"}
+
+
+@pytest.fixture(scope="module")
+def parts(built):
+    """The encoder, heads and ignored ids the graph was made from, and a session on the published graph."""
+    model_dir = built["source"].parent / "model"
+    encoder = export.load_pytorch(model_dir)
+    heads = retrieval.load_heads(built["heads"], encoder.config.hidden_size)
+    ignored = list(retrieval.ignored_ids(model_dir, encoder.config).values())
+    session = runtime.ort_session(built["model"] / retrieval.ONNX_FILE, 1)
+
+    def run(ids, mask):
+        got = session.run(list(retrieval.OUTPUTS), {"input_ids": ids, "attention_mask": mask})
+        return dict(zip(retrieval.OUTPUTS, got, strict=True))
+
+    return {"encoder": encoder, "heads": heads, "ignored": ignored, "run": run, "model_dir": model_dir}
+
+
+def _case(parts, name):
+    cases = retrieval.parity_cases(parts["model_dir"] / "tokenizer.json", parts["encoder"].config)
+    return next(c for c in cases if c.name == name)
+
+
+def test_graph_contract(built):
+    model = onnx.load(str(built["model"] / retrieval.ONNX_FILE))
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 18)]
+    assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
+    shapes = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
+              for o in model.graph.output}
+    vocab = json.loads((built["model"] / retrieval.CONFIG_FILE).read_text())["vocab_size"]
+    assert shapes == {"dense": ["batch", 16], "sparse": ["batch", vocab],
+                      "colbert": ["batch", "sequence", 16]}
+    (scatter,) = [n for n in model.graph.node if n.op_type == "ScatterElements"]
+    assert {a.name: a.s for a in scatter.attribute}["reduction"] == b"max"
+    assert not [n for n in model.graph.node if n.op_type == "If"]  # the stock symbolic's rank-0 branches
+
+
+@pytest.mark.parametrize("output", retrieval.OUTPUTS)
+def test_each_head_matches_the_reference_on_unseen_shapes(parts, output):
+    rng = np.random.default_rng(3)
+    vocab = parts["encoder"].config.vocab_size
+    lengths = [57, 4, 30]
+    ids = np.full((3, 57), 1, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = [0, *rng.integers(4, vocab - 1, n - 2), 2]
+        mask[row, :n] = 1
+    got = parts["run"](ids, mask)[output]
+    want = retrieval.reference(parts["encoder"], parts["heads"], parts["ignored"], ids, mask)[output]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_max_reduction_keeps_the_largest_weight_of_repeated_pieces(parts):
+    case = _case(parts, "repeated")
+    ids, mask = case.input_ids, case.attention_mask
+    with torch.no_grad():
+        hidden = parts["encoder"](input_ids=torch.from_numpy(ids),
+                                  attention_mask=torch.from_numpy(mask)).last_hidden_state
+        weights = torch.relu(parts["heads"].sparse(hidden))[0, :, 0].numpy()
+    sparse = parts["run"](ids, mask)["sparse"][0]
+    repeated = [t for t in set(ids[0].tolist()) if t not in parts["ignored"] and (ids[0] == t).sum() > 1]
+    distinct, inside = 0, 0
+    for token in repeated:
+        at = weights[ids[0] == token]
+        assert sparse[token] == pytest.approx(at.max(), abs=1e-5)
+        if (at > 0).sum() > 1 and at.max() - at.min() > 1e-3:
+            distinct += 1
+            assert sparse[token] < at.sum() - 1e-4  # not summed
+            # Neither the first nor the last occurrence: a scatter without reduction keeps one of those.
+            inside += abs(at.max() - at[0]) > 1e-3 and abs(at.max() - at[-1]) > 1e-3
+    assert distinct >= 2 and inside >= 1, "the repeated case should give pieces whose weights differ"
+    assert np.all(sparse[parts["ignored"]] == 0)  # <s>, </s>, <pad>, <unk> contribute nothing
+    assert np.count_nonzero(sparse) == np.count_nonzero(
+        [weights[ids[0] == t].max() for t in set(ids[0].tolist()) if t not in parts["ignored"]])
+
+
+def test_unknown_pieces_contribute_nothing(parts):
+    case = _case(parts, "unknown")
+    unk = retrieval.ignored_ids(parts["model_dir"], parts["encoder"].config)["unk"]
+    assert unk in case.input_ids[0]
+    assert parts["run"](case.input_ids, case.attention_mask)["sparse"][0, unk] == 0
+
+
+def test_padded_batch_rows_match_each_text_alone(parts):
+    batch = _case(parts, "batch")
+    together = parts["run"](batch.input_ids, batch.attention_mask)
+    for row, n in enumerate(batch.attention_mask.sum(axis=1)):
+        ids, mask = batch.input_ids[row : row + 1, :n], batch.attention_mask[row : row + 1, :n]
+        alone = parts["run"](ids, mask)
+        np.testing.assert_allclose(together["dense"][row], alone["dense"][0], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(together["sparse"][row], alone["sparse"][0], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(together["colbert"][row, :n], alone["colbert"][0], rtol=0, atol=1e-5)
+        assert np.all(together["colbert"][row, n:] == 0)  # padding positions are masked
+        # The first position is kept: as many unit vectors as the mask has ones.
+        np.testing.assert_allclose(np.linalg.norm(alone["colbert"][0], axis=-1), 1.0, atol=1e-5)
+    assert together["colbert"].shape[:2] == batch.attention_mask.shape
+
+
+def test_parity_table_and_provenance(built):
+    rows = tables.read_csv(built["base"] / "parity.csv")
+    assert list(rows[0]) == retrieval.PARITY_COLUMNS
+    cases = {r["case"] for r in rows}
+    assert len(cases) >= 8 and {"english", "short", "long", "multilingual", "repeated", "padding_tail",
+                                "batch"} <= cases
+    assert all(r["allclose"] == "True" for r in rows) and len(rows) == 3 * len(cases)
+    long = next(r for r in rows if r["case"] == "long")
+    assert int(long["tokens"]) == 128  # xlmr-tiny's 130 positions less padding_idx + 1
+    assert "| batch | colbert |" in (built["base"] / "parity.md").read_text()
+    fragment = (built["base"] / "provenance/retrieval/retrieval_export.md").read_text()
+    assert "keeps the first position" in fragment and "| long | sparse |" in fragment
+
+
+def test_manifest_lists_every_published_file(built):
+    record = json.loads((built["model"] / retrieval.MANIFEST).read_text())
+    listed = {e["path"] for e in record["files"]}
+    assert listed == {p.name for p in built["model"].iterdir()} - {retrieval.MANIFEST}
+    assert record["heads_semantics"]["sparse_ignored_ids"] == {"cls": 0, "eos": 2, "pad": 1, "unk": 3}
+    assert record["exporter"]["opset"] == 18 and record["optimization"]["offline"] == "basic"
+    assert not list(built["base"].glob(".*.tmp"))  # no staging directory left behind
+    assert retrieval.verify(built["model"]) == []
+
+
+def test_verify_names_each_changed_and_missing_file(built, tmp_path, capsys):
+    copy = tmp_path / "model"
+    shutil.copytree(built["model"], copy)
+    assert retrieval.main(["verify", str(copy)]) == 0
+    expected = files.sha256_file(copy / retrieval.TOKENIZER_FILE)
+    with open(copy / retrieval.TOKENIZER_FILE, "a") as handle:
+        handle.write(" ")
+    (copy / retrieval.ONNX_FILE).unlink()
+    capsys.readouterr()
+    assert retrieval.main(["verify", str(copy)]) == 1
+    err = capsys.readouterr().err
+    assert f"{copy / retrieval.ONNX_FILE} is missing" in err
+    assert f"{copy / retrieval.TOKENIZER_FILE} changed" in err and expected in err
+
+
+def test_external_data_graph_is_published_whole(built, tmp_path):
+    out = tmp_path / "external"
+    settings = retrieval.Settings(external_data="always")
+    record, rows = retrieval.export_graph(built["source"], built["heads"], out, settings)
+    assert {e["path"] for e in record["files"]} >= {retrieval.ONNX_FILE, retrieval.DATA_FILE}
+    assert (out / retrieval.ONNX_FILE).stat().st_size < (out / retrieval.DATA_FILE).stat().st_size
+    assert all(r["allclose"] for r in rows) and retrieval.verify(out) == []
+    (out / retrieval.DATA_FILE).unlink()
+    assert [p for p in retrieval.verify(out) if retrieval.DATA_FILE in p]
+
+
+def test_a_failed_check_publishes_nothing(built, tmp_path):
+    out = tmp_path / "strict" / "model"
+    with pytest.raises(retrieval.RetrievalError, match="nothing was written"):
+        retrieval.export_graph(built["source"], built["heads"], out, retrieval.Settings(tolerance=1e-30))
+    assert list((tmp_path / "strict").iterdir()) == []
+
+
+def test_opset_without_max_scatter_is_refused(built, tmp_path):
+    with pytest.raises(retrieval.RetrievalError, match="opset 18"):
+        retrieval.export_graph(built["source"], built["heads"], tmp_path / "m", retrieval.Settings(opset=17))
+
+
+def test_heads_are_reproducible_and_read_like_flagembedding_files(built, tmp_path):
+    again = retrieval.save_heads(retrieval.random_heads(16, 0), tmp_path / "again")
+    for path in again:
+        assert files.sha256_file(path) == files.sha256_file(built["heads"] / path.name)
+    # BGE-M3 ships fp16 state dicts; the sparse head has one output.
+    half = {name: {k: v.half() for k, v in state.items()}
+            for name, state in retrieval.random_heads(16, 1).items()}
+    retrieval.save_heads(half, tmp_path / "half")
+    heads = retrieval.load_heads(tmp_path / "half", 16)
+    assert heads.sparse.weight.dtype == torch.float32 and tuple(heads.sparse.weight.shape) == (1, 16)
+    with pytest.raises(retrieval.RetrievalError, match=r"colbert_linear\.pt.*expected weight \[dim, 24\]"):
+        retrieval.load_heads(tmp_path / "half", 24)
+    two = dict(half, **{retrieval.SPARSE_FILE: {"weight": torch.zeros(2, 16), "bias": torch.zeros(2)}})
+    retrieval.save_heads(two, tmp_path / "two")
+    with pytest.raises(retrieval.RetrievalError, match=r"sparse_linear\.pt.*expected weight \[1, 16\]"):
+        retrieval.load_heads(tmp_path / "two", 16)

@@ -1,0 +1,684 @@
+"""Retrieval heads baked into one graph: the dense, sparse and multi-vector outputs of a BGE-M3-style encoder.
+
+A standard export stops at `last_hidden_state`; BGE-M3's three retrieval signals are Python around it
+(FlagEmbedding's BGE-M3 model). Here they go inside the ONNX graph, so one forward pass in any runtime
+gives all three. Inputs `input_ids`, `attention_mask` (int64, [batch, sequence]); outputs:
+
+- `dense` [batch, width]: the first token's hidden state, L2-normalised (CLS pooling).
+- `sparse` [batch, vocab]: relu(sparse_linear(hidden)) per token, times the attention mask, max-reduced
+  onto each token's vocabulary id inside the graph (ScatterElements with reduction "max"); the ids
+  FlagEmbedding ignores (cls, eos, pad, unk) are zeroed, so they contribute nothing.
+- `colbert` [batch, sequence, dim]: colbert_linear(hidden), L2-normalised, times the mask. Unlike
+  FlagEmbedding (`hidden[:, 1:]`) the first position is kept, so the output is as long as the mask.
+
+The heads are FlagEmbedding's files `colbert_linear.pt` and `sparse_linear.pt` (state dicts with
+`weight` [out, width] and `bias` [out]); the embedded default makes random ones from a seed.
+The graph (after the recipe's offline ONNX Runtime optimisation) is checked against a plain PyTorch
+reference on fixed cases before the output directory, written under a temporary name, is renamed
+into place. `retrieval.json` lists every file with its SHA-256; `verify` checks them without
+running anything.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import acquire, export, files, provenance, tables
+from .runtime import INPUTS, ort_session, usable_positions
+
+OUTPUTS = ("dense", "sparse", "colbert")
+MANIFEST = "retrieval.json"
+ONNX_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "model.config.json"
+COLBERT_FILE = "colbert_linear.pt"
+SPARSE_FILE = "sparse_linear.pt"
+# ScatterElements gained reduction="max" in opset 18; older opsets only define none/add/mul. ONNX
+# Runtime accepts "max" at 16 and 17 too, but a runtime that follows the standard may refuse it.
+MIN_OPSET = 18
+# Protobuf cannot hold a message of 2 GiB; leave room for the graph itself beside the weights.
+EXTERNAL_DATA_BYTES = 2**31 - 2**26
+OFFLINE_OPTIMIZATIONS = ("disable", "basic", "extended")
+CHECK_OPTIMIZATION = "all"  # ONNX Runtime's default: what a consumer of the file gets
+PARITY_COLUMNS = ["case", "output", "rows", "tokens", "max_abs", "max_value", "allclose", "tolerance"]
+DYNAMIC_AXES = {
+    "input_ids": {0: "batch", 1: "sequence"},
+    "attention_mask": {0: "batch", 1: "sequence"},
+    "dense": {0: "batch"},
+    "sparse": {0: "batch"},
+    "colbert": {0: "batch", 1: "sequence"},
+}
+COLBERT_NOTE = (
+    "`colbert` keeps the first position, where FlagEmbedding computes `colbert_linear(hidden[:, 1:])`: "
+    "with one vector per position, a consumer that trims each row of a padded batch to the attention "
+    "mask's sum gets exactly the text's vectors, instead of one more than the output holds. The first "
+    "vector (of `<s>`) is a summary of the whole text, harmless in late interaction; drop row 0 to get "
+    "FlagEmbedding's vectors.")
+
+
+class RetrievalError(RuntimeError):
+    pass
+
+
+# --- heads ----------------------------------------------------------------------------------------
+
+@dataclass
+class Heads:
+    """The two linear heads; weights in float32 whatever dtype their files hold (BGE-M3's are fp16)."""
+
+    colbert: torch.nn.Linear
+    sparse: torch.nn.Linear
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+def random_heads(width: int, seed: int) -> dict[str, dict[str, torch.Tensor]]:
+    """State dicts for both heads, drawn like torch.nn.Linear's default (uniform in ±1/sqrt(width))."""
+    generator = torch.Generator().manual_seed(seed)
+    bound = 1.0 / width**0.5
+
+    def draw(*shape: int) -> torch.Tensor:
+        return (torch.rand(shape, generator=generator) * 2 - 1) * bound
+
+    return {
+        COLBERT_FILE: {"weight": draw(width, width), "bias": draw(width)},
+        SPARSE_FILE: {"weight": draw(1, width), "bias": draw(1)},
+    }
+
+
+def save_heads(state: dict[str, dict[str, torch.Tensor]], out_dir: str | os.PathLike) -> list[Path]:
+    """Write each head as FlagEmbedding does (`torch.save(linear.state_dict(), name)`), atomically."""
+    out_dir = Path(out_dir)
+    written = []
+    for name, tensors in sorted(state.items()):
+        # Through a buffer: torch.save names the archive inside the file after the path it writes
+        # to, and the temporary name would make equal heads give different bytes.
+        buffer = io.BytesIO()
+        torch.save({k: v.contiguous() for k, v in tensors.items()}, buffer)
+        with files.atomic_path(out_dir / name) as tmp:
+            tmp.write_bytes(buffer.getvalue())
+        written.append(out_dir / name)
+    return written
+
+
+def _linear(path: Path, width: int, out: int | None) -> torch.nn.Linear:
+    """A head from its state dict; `out` None accepts any output size (the ColBERT dimension)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as err:
+        raise RetrievalError(f"head {path} is missing") from err
+    except Exception as err:  # a pickle that is not a plain state dict, or not a torch file at all
+        raise RetrievalError(f"head {path}: cannot read it as a state dict ({err})") from err
+    if not isinstance(state, dict) or not {"weight", "bias"} <= set(state):
+        keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise RetrievalError(f"head {path}: expected a state dict with 'weight' and 'bias', found {keys}")
+    weight = state["weight"].float()
+    bias = state["bias"].float().reshape(-1)
+    if weight.ndim == 1:  # a one-output head saved as a vector
+        weight = weight.reshape(1, -1)
+    if weight.ndim != 2 or weight.shape[1] != width or bias.shape[0] != weight.shape[0] or (
+            out is not None and weight.shape[0] != out):
+        want = f"[{out if out is not None else 'dim'}, {width}]"
+        raise RetrievalError(f"head {path}: weight {list(state['weight'].shape)} and bias "
+                             f"{list(state['bias'].shape)} do not fit the encoder: expected weight {want}")
+    linear = torch.nn.Linear(width, weight.shape[0])
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        linear.bias.copy_(bias)
+    return linear.eval()
+
+
+def load_heads(heads_dir: str | os.PathLike, width: int) -> Heads:
+    heads_dir = Path(heads_dir)
+    colbert, sparse = heads_dir / COLBERT_FILE, heads_dir / SPARSE_FILE
+    return Heads(colbert=_linear(colbert, width, None), sparse=_linear(sparse, width, 1),
+                 files={"colbert": colbert, "sparse": sparse})
+
+
+# --- the graph ------------------------------------------------------------------------------------
+
+def ignored_ids(model_dir: str | os.PathLike, config) -> dict[str, int]:
+    """The ids FlagEmbedding's sparse head ignores: cls, eos, pad and unk, as role -> id."""
+    tokenizer = json.loads((Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8"))
+    model = tokenizer.get("model", {})
+    unk = model.get("unk_id")  # Unigram keeps an id, WordPiece and BPE a piece
+    if unk is None and model.get("unk_token") is not None:
+        unk = model.get("vocab", {}).get(model["unk_token"])
+
+    def first(*names: str):
+        return next((v for n in names if (v := getattr(config, n, None)) is not None), None)
+
+    # XLM-R's config names <s> bos_token_id and </s> eos_token_id; BERT-style configs use cls/sep.
+    roles = {"cls": first("cls_token_id", "bos_token_id"), "eos": first("eos_token_id", "sep_token_id"),
+             "pad": first("pad_token_id"), "unk": unk}
+    missing = [role for role, value in roles.items() if value is None]
+    if missing:
+        raise RetrievalError(f"{model_dir}: cannot find the id of {', '.join(missing)} in config.json or "
+                             "tokenizer.json; the sparse head must know which ids to ignore")
+    return {role: int(value) for role, value in roles.items()}
+
+
+class _ScatterMax(torch.autograd.Function):
+    """torch.scatter_reduce(..., reduce="amax"), out of place, exported as one ScatterElements node.
+
+    The stock symbolic wraps the node in two `If`s for rank-0 tensors, which leaves the output's rank
+    unknown (ONNX Runtime then warns on every run); our tensors are always [batch, vocab].
+    Inference only: there is no backward.
+    """
+
+    @staticmethod
+    def forward(ctx, base: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        return torch.scatter_reduce(base, 1, index, src, reduce="amax")
+
+    @staticmethod
+    def symbolic(g, base, index, src):
+        return g.op("ScatterElements", base, index, src, axis_i=1, reduction_s="max")
+
+
+class RetrievalModel(torch.nn.Module):
+    """`forward(input_ids, attention_mask) -> (dense, sparse, colbert)`: the module that is exported."""
+
+    def __init__(self, encoder: torch.nn.Module, heads: Heads, vocab_size: int, ignored: list[int]):
+        super().__init__()
+        self.encoder = export.HiddenStates(encoder)
+        self.colbert = heads.colbert
+        self.sparse = heads.sparse
+        self.vocab_size = int(vocab_size)
+        keep = torch.ones(self.vocab_size)
+        keep[sorted(set(ignored))] = 0.0
+        self.register_buffer("keep", keep, persistent=False)  # 0 at ignored ids, 1 elsewhere
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        hidden = self.encoder(input_ids, attention_mask)
+        mask = attention_mask.to(hidden.dtype)
+        dense = torch.nn.functional.normalize(hidden[:, 0], dim=-1)
+        weights = torch.relu(self.sparse(hidden)).squeeze(-1) * mask
+        base = torch.zeros(input_ids.shape[0], self.vocab_size, dtype=weights.dtype)
+        sparse = _ScatterMax.apply(base, input_ids, weights) * self.keep
+        colbert = torch.nn.functional.normalize(self.colbert(hidden), dim=-1) * mask.unsqueeze(-1)
+        return dense, sparse, colbert
+
+
+def reference(encoder: torch.nn.Module, heads: Heads, ignored: list[int], input_ids: np.ndarray,
+              mask: np.ndarray) -> dict[str, np.ndarray]:
+    """The three heads in plain PyTorch and Python, written as FlagEmbedding reads, in float64.
+
+    Shares only the encoder with the graph: the sparse weights are max-reduced by a loop over tokens.
+    """
+    with torch.no_grad():
+        hidden = encoder(input_ids=torch.from_numpy(input_ids),
+                         attention_mask=torch.from_numpy(mask)).last_hidden_state.double()
+        m = torch.from_numpy(mask).double()
+        first = hidden[:, 0]
+        dense = first / first.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        weights = torch.relu(hidden @ heads.sparse.weight.double().T + heads.sparse.bias.double())[..., 0]
+        vectors = hidden @ heads.colbert.weight.double().T + heads.colbert.bias.double()
+        colbert = vectors / vectors.norm(dim=-1, keepdim=True).clamp_min(1e-12) * m.unsqueeze(-1)
+    vocab = encoder.config.vocab_size
+    sparse = np.zeros((input_ids.shape[0], vocab))
+    for row in range(input_ids.shape[0]):
+        for token, weight, real in zip(input_ids[row], weights[row].tolist(), mask[row], strict=True):
+            if real:
+                sparse[row, token] = max(sparse[row, token], weight)
+    sparse[:, sorted(set(ignored))] = 0.0
+    return {"dense": dense.numpy(), "sparse": sparse, "colbert": colbert.numpy()}
+
+
+# --- validation cases -----------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    name: str
+    purpose: str
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+
+
+ENGLISH = ("The committee met on Tuesday to review the budget, and most members agreed that the bank of "
+           "the river needs work before the winter floods arrive.")
+LANGUAGES = [
+    "Příliš žluťoučký kůň úpěl ďábelské ódy.",                 # Czech: Latin with diacritics
+    "Съешь же ещё этих мягких французских булок.",            # Russian: Cyrillic
+    "Ξεσκεπάζω την ψυχοφθόρα βδελυγμία.",                      # Greek
+    "שלום לכולם, מה שלומכם היום?",                               # Hebrew: right to left
+    "مرحبا بالجميع، كيف حالكم اليوم؟",                          # Arabic: right to left, joined letters
+    "नमस्ते, आज मौसम बहुत अच्छा है।",                                   # Hindi: Devanagari
+    "ภาษาไทยไม่มีการเว้นวรรคระหว่างคำ",                                 # Thai: no spaces between words
+    "日本語の文字と한국어 문장",                                  # Japanese and Korean
+]
+REPEATED = ("the bank is a bank, the house is a house, the duck is a duck, and the river bank runs "
+            "into the river")
+UNKNOWN = "Symbols such as ☃ ⌘ ♞ and 🙂🚀 are rare in any vocabulary."
+BATCH = [
+    "A short one.",
+    "The second sentence of the batch is a good deal longer than the first, with many more pieces.",
+    "Third.",
+    "Padding changes results in ways that single inputs never show, so a batch is checked as well.",
+]
+
+
+def _encode(tokenizer, texts: list[str], max_length: int, pad_id: int, pad_to: int = 0
+            ) -> tuple[np.ndarray, np.ndarray]:
+    tokenizer.enable_truncation(max_length=max_length)
+    rows = [tokenizer.encode(t).ids for t in texts]
+    width = max(pad_to, *(len(r) for r in rows))
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def parity_cases(tokenizer_path: str | os.PathLike, config) -> list[Case]:
+    """The validation cases: each a right-padded batch the graph and the reference both run."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    tokenizer.no_padding()
+    longest = usable_positions(config.to_dict()) or 512
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+
+    def make(name: str, purpose: str, texts: list[str], pad_to: int = 0) -> Case:
+        ids, mask = _encode(tokenizer, texts, longest, pad, pad_to)
+        return Case(name, purpose, ids, mask)
+
+    tokenizer.no_truncation()
+    paragraph = " ".join([ENGLISH, *LANGUAGES, REPEATED]) + " "
+    per_copy = max(1, len(tokenizer.encode(paragraph).ids) - 2)
+    long_text = paragraph * (longest // per_copy + 2)
+    english_ids = len(tokenizer.encode(ENGLISH).ids)
+    cases = [
+        make("english", "ordinary English", [ENGLISH]),
+        make("short", "a one-word text", ["Yes"]),
+        make("empty", "an empty text: only the special tokens", [""]),
+        make("long", f"the model's maximum length ({longest} pieces)", [long_text]),
+        make("multilingual", f"{len(LANGUAGES)} languages in several scripts, one padded batch", LANGUAGES),
+        make("repeated", "repeated pieces: one weight per id, the largest (max reduction)", [REPEATED]),
+        make("unknown", "characters a vocabulary may lack (unknown pieces are ignored)", [UNKNOWN]),
+        make("padding_tail", "one text followed by a padding-only tail",
+             [ENGLISH], pad_to=min(longest, 3 * english_ids)),
+        make("batch", "sentences of different lengths in one padded batch", BATCH),
+    ]
+    long = cases[3]
+    if int(long.attention_mask.sum()) != longest:
+        raise RetrievalError(f"{tokenizer_path}: the long case has {int(long.attention_mask.sum())} pieces, "
+                             f"expected the maximum {longest}")
+    return cases
+
+
+def compare(case: Case, got: dict[str, np.ndarray], want: dict[str, np.ndarray], tolerance: float
+            ) -> list[dict]:
+    """One row per output: the largest absolute difference and allclose(rtol=0, atol=tolerance)."""
+    rows = []
+    for name in OUTPUTS:
+        a, b = np.asarray(got[name], dtype=np.float64), np.asarray(want[name], dtype=np.float64)
+        if a.shape != b.shape:
+            raise RetrievalError(f"case {case.name}: output {name} has shape {list(a.shape)}, the reference "
+                                 f"{list(b.shape)}")
+        rows.append({
+            "case": case.name, "output": name, "rows": int(case.input_ids.shape[0]),
+            "tokens": int(case.attention_mask.sum()), "max_abs": float(np.abs(a - b).max()),
+            "max_value": float(np.abs(b).max()),
+            "allclose": bool(np.allclose(a, b, rtol=0.0, atol=tolerance)), "tolerance": tolerance,
+        })
+    return rows
+
+
+def parity_markdown(rows: list[dict]) -> str:
+    return provenance.markdown_table(
+        PARITY_COLUMNS,
+        [(r["case"], r["output"], r["rows"], r["tokens"], f"{r['max_abs']:.3g}", f"{r['max_value']:.4g}",
+          "yes" if r["allclose"] else "NO", r["tolerance"]) for r in rows], "llrrrrlr")
+
+
+# --- export ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Settings:
+    opset: int = MIN_OPSET
+    tolerance: float = 1e-4  # allclose(rtol=0, atol=tolerance) on every element of every output
+    threads: int = 1
+    ort_optimization: str = "basic"  # applied offline; the published graph is the optimised one
+    external_data: str = "auto"  # auto: only graphs too large for one protobuf; always; never
+
+
+def _declare_outputs(path: Path, shapes: dict[str, list]) -> None:
+    """Name or fix every output dimension; the exporter cannot infer the custom scatter's."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)  # the weights stay where they are
+    for output in model.graph.output:
+        dims = output.type.tensor_type.shape.dim
+        for dim, value in zip(dims, shapes[output.name], strict=True):
+            if isinstance(value, int):
+                dim.dim_value = value
+            else:
+                dim.dim_param = value
+    onnx.save_model(model, str(path))
+
+
+def _drop_unused_domains(path: Path) -> None:
+    """Keep only the operator sets the graph uses.
+
+    ONNX Runtime saves an import of each of its own domains (com.microsoft, ...) even when no node
+    uses them; a runtime without those domains need not be asked to know them.
+    """
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    used = {"", "ai.onnx"}
+    graphs = [model.graph]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            used.add(node.domain)
+            for attribute in node.attribute:
+                graphs += ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs)
+    keep = [o for o in model.opset_import if o.domain in used]
+    if len(keep) < len(model.opset_import):
+        del model.opset_import[:]
+        model.opset_import.extend(keep)
+        onnx.save_model(model, str(path))
+
+
+def _external(raw_dir: Path, setting: str) -> bool:
+    size = sum(p.stat().st_size for p in files.list_files(raw_dir))
+    return setting == "always" or (setting == "auto" and size >= EXTERNAL_DATA_BYTES)
+
+
+def _write_graph(raw: Path, target: Path, level: str, external: bool, threads: int) -> None:
+    """Save the graph `raw` as `target` after ONNX Runtime's offline optimisation at `level`.
+
+    With external data every initializer of 1 KiB or more goes to one file, DATA_FILE, beside it.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    if level == "disable":
+        model = onnx.load(str(raw))
+        onnx.save_model(model, str(target), save_as_external_data=external, all_tensors_to_one_file=True,
+                        location=DATA_FILE, size_threshold=1024)
+        return
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    }[level]
+    options.optimized_model_filepath = str(target)
+    if external:
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA_FILE)
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                         "1024")
+    ort.InferenceSession(str(raw), options, providers=["CPUExecutionProvider"])
+
+
+def replace_dir(staged: Path, target: Path) -> None:
+    """Rename the finished directory `staged` onto `target`; a reader sees the old one or the new one."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staged, 0o777 & ~umask)
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", suffix=".tmp", dir=target.parent))
+        os.replace(target, old)  # onto an empty directory: allowed
+    os.replace(staged, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | None,
+                 out_dir: str | os.PathLike, settings: Settings) -> tuple[dict, list[dict]]:
+    """Export, optimise and check the three-head graph; publish `out_dir`; return (manifest, parity rows).
+
+    `heads_dir` holds colbert_linear.pt and sparse_linear.pt; None reads them from the model's directory
+    (where the Hub snapshot of BGE-M3 keeps them, hashed in source.json). Nothing reaches `out_dir`
+    unless every case passes.
+    """
+    import onnx
+
+    if settings.opset < MIN_OPSET:
+        raise RetrievalError(f"opset {settings.opset}: ScatterElements has reduction 'max' only from opset "
+                             f"{MIN_OPSET}; use --opset {MIN_OPSET} or later")
+    if settings.ort_optimization not in OFFLINE_OPTIMIZATIONS:
+        raise RetrievalError(f"offline optimisation {settings.ort_optimization!r}: use one of "
+                             f"{', '.join(OFFLINE_OPTIMIZATIONS)} (a graph saved after 'all' is tied to the "
+                             "machine that made it)")
+    threads = max(1, min(settings.threads, os.cpu_count() or 1))
+    torch.set_num_threads(threads)
+    model_dir, source = acquire.model_dir(source_json)
+    encoder = export.load_pytorch(model_dir)
+    config = encoder.config
+    heads = load_heads(heads_dir if heads_dir is not None else model_dir, int(config.hidden_size))
+    ignored = ignored_ids(model_dir, config)
+    graph = RetrievalModel(encoder, heads, config.vocab_size, list(ignored.values())).eval()
+    cases = parity_cases(model_dir / "tokenizer.json", config)
+    trace = next(c for c in cases if c.name == "batch")
+    width, dim, vocab = int(config.hidden_size), int(heads.colbert.out_features), int(config.vocab_size)
+    shapes = {"dense": ["batch", width], "sparse": ["batch", vocab], "colbert": ["batch", "sequence", dim]}
+    out_dir = Path(out_dir)
+    with files.staging_dir(out_dir) as stage:
+        raw_dir, publish = stage / "raw", stage / "model"
+        raw_dir.mkdir()
+        publish.mkdir()
+        raw = raw_dir / ONNX_FILE
+        with torch.no_grad():
+            # A str, not a Path: only then does the exporter write a graph over 2 GiB with its weights
+            # as external files beside it (into raw_dir, one per tensor; _write_graph gathers them).
+            torch.onnx.export(
+                graph, (torch.from_numpy(trace.input_ids), torch.from_numpy(trace.attention_mask)), str(raw),
+                dynamo=False, opset_version=settings.opset, do_constant_folding=True,
+                input_names=list(INPUTS), output_names=list(OUTPUTS), dynamic_axes=DYNAMIC_AXES,
+            )
+        _declare_outputs(raw, shapes)
+        onnx.checker.check_model(str(raw), full_check=True)
+        external = _external(raw_dir, settings.external_data)
+        _write_graph(raw, publish / ONNX_FILE, settings.ort_optimization, external, threads)
+        shutil.rmtree(raw_dir)
+        _drop_unused_domains(publish / ONNX_FILE)
+        if settings.ort_optimization != "extended":  # extended adds ONNX Runtime's own operators
+            onnx.checker.check_model(str(publish / ONNX_FILE), full_check=True)
+
+        session = ort_session(publish / ONNX_FILE, threads, CHECK_OPTIMIZATION)
+        rows = []
+        for case in cases:
+            got = session.run(list(OUTPUTS), {"input_ids": case.input_ids,
+                                              "attention_mask": case.attention_mask})
+            want = reference(encoder, heads, list(ignored.values()), case.input_ids, case.attention_mask)
+            rows += compare(case, dict(zip(OUTPUTS, got, strict=True)), want, settings.tolerance)
+        del session
+        failed = [r for r in rows if not r["allclose"]]
+        if failed:
+            raise RetrievalError(
+                f"model '{source['model']}': the graph differs from the PyTorch reference beyond "
+                f"{settings.tolerance} in {len(failed)} of {len(rows)} comparisons; nothing was written:\n"
+                + parity_markdown(rows))
+
+        shutil.copyfile(model_dir / "tokenizer.json", publish / TOKENIZER_FILE)
+        shutil.copyfile(model_dir / "config.json", publish / CONFIG_FILE)
+        names = [p.name for p in files.list_files(publish)]
+        record = {
+            "model": source["model"],
+            "source": source["source"],
+            "source_tree_sha256": source["tree_sha256"],
+            "libraries": provenance.library_versions(
+                ["torch", "transformers", "tokenizers", "onnx", "onnxruntime"]),
+            "heads": {
+                "from": "model directory" if heads_dir is None else "heads directory",
+                **{name: {**files.file_record(path), "shape": list(getattr(heads, name).weight.shape)}
+                   for name, path in heads.files.items()},
+            },
+            "exporter": {
+                "function": "torch.onnx.export", "dynamo": False, "opset": settings.opset,
+                "do_constant_folding": True, "attn_implementation": "eager",
+                "inputs": {n: {"dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUTS},
+                "outputs": {n: {"dtype": "float32", "shape": s} for n, s in shapes.items()},
+            },
+            "heads_semantics": {
+                "dense": "hidden[:, 0], L2-normalised",
+                "sparse": "relu(sparse_linear(hidden)) * mask, max over tokens per vocabulary id "
+                          "(ScatterElements reduction max), ignored ids zeroed",
+                "sparse_ignored_ids": ignored,
+                "colbert": "colbert_linear(hidden), L2-normalised, * mask; first position kept",
+            },
+            "optimization": {"offline": settings.ort_optimization, "external_data": external,
+                             "check_session": CHECK_OPTIMIZATION},
+            "check": {
+                "cases": [{"name": c.name, "purpose": c.purpose, "rows": int(c.input_ids.shape[0]),
+                           "tokens": int(c.attention_mask.sum())} for c in cases],
+                "tolerance": settings.tolerance,
+                "criterion": "numpy.allclose(graph, reference, rtol=0, atol=tolerance) on every element",
+                "max_abs": {o: max(r["max_abs"] for r in rows if r["output"] == o) for o in OUTPUTS},
+            },
+            "files": [files.file_record(publish / n, publish) for n in sorted(names)],
+        }
+        files.write_json(publish / MANIFEST, record)
+        replace_dir(publish, out_dir)
+    return record, rows
+
+
+# --- verification ---------------------------------------------------------------------------------
+
+def verify(directory: str | os.PathLike, manifest_name: str = MANIFEST) -> list[str]:
+    """One line per missing or changed file the manifest lists (empty: all match). Runs nothing."""
+    directory = Path(directory)
+    path = directory / manifest_name
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        entries = record["files"]
+    except FileNotFoundError:
+        return [f"{path} is missing"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        return [f"{path}: not a manifest with a 'files' list ({err})"]
+    problems = []
+    for entry in entries:
+        target = directory / entry["path"]
+        if not target.is_file():
+            problems.append(f"{target} is missing (expected {entry['bytes']} bytes, "
+                            f"sha256 {entry['sha256']})")
+            continue
+        actual, size = files.sha256_file(target), target.stat().st_size
+        if actual != entry["sha256"]:
+            problems.append(f"{target} changed: expected {entry['bytes']} bytes, sha256 {entry['sha256']}; "
+                            f"found {size} bytes, sha256 {actual}")
+    return problems
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+def _heads_command(args) -> int:
+    with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
+        frag.inputs.append(args.source)
+        model_dir, _ = acquire.model_dir(args.source)
+        width = int(json.loads((model_dir / "config.json").read_text(encoding="utf-8"))["hidden_size"])
+        frag.outputs += save_heads(random_heads(width, args.seed), args.out_dir)
+        frag.note(f"Random heads for a width of {width}: {COLBERT_FILE} weight [{width}, {width}], "
+                  f"{SPARSE_FILE} weight [1, {width}], drawn uniformly in ±1/sqrt({width}) from seed "
+                  f"{args.seed}, saved as FlagEmbedding saves its heads (torch.save of the state dict).")
+    return 0
+
+
+def _export_command(args) -> int:
+    settings = Settings(opset=args.opset, tolerance=args.tolerance, threads=args.threads,
+                        ort_optimization=args.ort_optimization, external_data=args.external_data)
+    out_dir = Path(args.out_dir)
+    with provenance.Fragment(args.provenance, provenance.settings(args), threads=args.threads) as frag:
+        frag.inputs.append(args.source)
+        record, rows = export_graph(args.source, args.heads_dir, out_dir, settings)
+        if args.heads_dir is not None:
+            frag.inputs += [Path(args.heads_dir) / COLBERT_FILE, Path(args.heads_dir) / SPARSE_FILE]
+        files.write_text(args.parity, tables.csv_text(rows, PARITY_COLUMNS))
+        files.write_text(args.markdown, parity_markdown(rows))
+        frag.outputs += [out_dir / e["path"] for e in record["files"]]
+        frag.outputs += [out_dir / MANIFEST, args.parity, args.markdown]
+        frag.table("Parity of the graph with the PyTorch reference", parity_markdown(rows))
+        frag.table("Cases", provenance.markdown_table(
+            ["case", "what it checks", "rows", "tokens"],
+            [(c["name"], c["purpose"], c["rows"], c["tokens"]) for c in record["check"]["cases"]], "llrr"))
+        semantics = record["heads_semantics"]
+        frag.note(COLBERT_NOTE)
+        frag.note("`sparse`: relu(sparse_linear(hidden)) times the attention mask, max-reduced onto each "
+                  f"token's vocabulary id by ScatterElements with reduction 'max' (standard from opset "
+                  f"{MIN_OPSET}); the ids FlagEmbedding ignores are zeroed: "
+                  + ", ".join(f"{role} {i}" for role, i in semantics["sparse_ignored_ids"].items()) + ".")
+        heads = [(k, v) for k, v in record["heads"].items() if isinstance(v, dict)]
+        frag.note(f"`dense`: {semantics['dense']}. Heads: "
+                  + ", ".join(f"{k} {v['path']} weight {v['shape']}" for k, v in heads))
+        frag.note(f"Graph saved after ONNX Runtime's offline optimisation '{settings.ort_optimization}'"
+                  + (" with external data" if record["optimization"]["external_data"] else "")
+                  + f"; checked in a session at ONNX Runtime's default level '{CHECK_OPTIMIZATION}', "
+                  f"every element of every output with allclose(rtol=0, atol={settings.tolerance}).")
+    return 0
+
+
+def _verify_command(args) -> int:
+    status = 0
+    lines = []
+    for directory in args.dirs:
+        problems = verify(directory, args.manifest)
+        if problems:
+            status = 1
+            for line in problems:
+                print(f"verify: {line}", file=sys.stderr)
+            lines.append((directory, f"{len(problems)} problem(s)"))
+        else:
+            count = len(json.loads((Path(directory) / args.manifest).read_text(encoding="utf-8"))["files"])
+            print(f"{directory}: {count} files match {args.manifest}")
+            lines.append((directory, f"{count} files match"))
+    if args.provenance and status == 0:
+        with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
+            for directory in args.dirs:
+                frag.inputs.append(Path(directory) / args.manifest)
+                frag.inputs += [Path(directory) / e["path"] for e in
+                                json.loads((Path(directory) / args.manifest).read_text())["files"]]
+            frag.table("Verification", provenance.markdown_table(["directory", "result"], lines))
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`encoder-study retrieval heads|export|verify`: the three-head retrieval graph."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="encoder-study retrieval", description=main.__doc__)
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("heads", help="write random colbert_linear.pt and sparse_linear.pt for a model")
+    provenance.add_arguments(p)
+    p.add_argument("--source", required=True, help="the model's source.json")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", required=True, help="results/retrieval/heads")
+    p = sub.add_parser("export", help="export, optimise and check the three-head graph")
+    provenance.add_arguments(p)
+    p.add_argument("--source", required=True, help="the model's source.json")
+    p.add_argument("--heads-dir", help="directory with colbert_linear.pt and sparse_linear.pt "
+                   "(default: the model's own directory, as in the BGE-M3 snapshot)")
+    p.add_argument("--out-dir", required=True, help="results/retrieval/model")
+    p.add_argument("--parity", required=True, help="results/retrieval/parity.csv")
+    p.add_argument("--markdown", required=True, help="results/retrieval/parity.md")
+    p.add_argument("--opset", type=int, default=MIN_OPSET)
+    p.add_argument("--tolerance", type=float, default=1e-4)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--ort-optimization", choices=OFFLINE_OPTIMIZATIONS, default="basic")
+    p.add_argument("--external-data", choices=["auto", "always", "never"], default="auto")
+    p = sub.add_parser("verify", help="check every file a manifest lists; non-zero naming each difference")
+    p.add_argument("dirs", nargs="+", help="results/retrieval/model")
+    p.add_argument("--manifest", default=MANIFEST, help="the manifest's name (export.json for plain exports)")
+    p.add_argument("--provenance", help="also write a fragment when every file matches")
+    args = parser.parse_args(argv)
+    commands = {"heads": _heads_command, "export": _export_command, "verify": _verify_command}
+    try:
+        return commands[args.action](args)
+    except (RetrievalError, acquire.SourceError, files.IntegrityError) as err:
+        print(f"encoder-study retrieval {args.action}: error: {err}", file=sys.stderr)
+        return 2
