@@ -83,7 +83,11 @@ def small_workflow(tmp_path_factory) -> Path:
         "models:\n  - {name: bert-tiny, source: tiny, architecture: config/models/bert-tiny.json, seed: 0}\n"
         "texts: {tatoeba: config/texts/tatoeba_sample.tsv, udhr: config/texts/udhr_sample,"
         " tatoeba_count: 12, udhr_count: 4}\n"
-        "parity: {latency_runs: 2, latency_warmup: 1}\n")
+        "parity: {latency_runs: 2, latency_warmup: 1}\n"
+        "treebank: {sizes: {train: 60, dev: 20, test: 20}}\n"
+        "tagging:\n  runs: [{name: tiny-frozen, model: bert-tiny, mode: frozen, epochs: 2}]\n"
+        "  comparisons: [[tiny-frozen, baseline]]\n  resamples: 200\n"
+        "  step_time: {models: [bert-tiny], batch: 2, length: 8}\n")
     result = snakemake("--cores", "2", "all", cwd=copy)
     assert result.returncode == 0, result.stdout + result.stderr
     return copy
@@ -98,6 +102,10 @@ def test_all_exports_with_manifest_and_provenance(small_workflow):
     for table in ("inference", "trainable", "latency"):
         assert (small_workflow / f"results/parity/{table}.csv").read_text().count("\nbert-tiny,") >= 1
     assert len((small_workflow / "results/texts/parity_texts.jsonl").read_text().splitlines()) == 16
+    scores = (small_workflow / "results/tagging/scores.csv").read_text()
+    assert scores.count("\ntiny-frozen,") == 2 and scores.count("\nbaseline,") == 2
+    assert (small_workflow / "results/tagging/comparisons.csv").read_text().count("tiny-frozen,baseline") == 2
+    assert (small_workflow / "results/tagging/step_time.csv").is_file()
 
 
 def test_second_run_does_nothing(small_workflow):
