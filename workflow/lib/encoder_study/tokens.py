@@ -14,6 +14,9 @@ The steps for one document:
    nearest, so that it is read as far from a window edge as the windows allow.
 4. A piece belongs to every word whose character range it overlaps; a word's vector is the mean of
    its pieces' vectors (`mean`) or its first piece's (`first`), zeros when no piece overlaps it.
+
+`PieceTokenizer.prepare_many` does the same for many documents at once (one batch encode, one word
+mapping over all of them): on short documents, per-document numpy calls cost more than the work.
 """
 
 from __future__ import annotations
@@ -226,7 +229,7 @@ def word_pieces_many(offsets: Sequence[np.ndarray],
 
 
 def _in_text_order(offsets: np.ndarray) -> bool:
-    """Whether the starts and the ends of the non-empty pieces both ascend."""
+    """Whether the starts and the ends of the non-empty pieces both never decrease."""
     real = offsets[offsets[:, 0] < offsets[:, 1]]
     return not ((np.diff(real[:, 0]) < 0).any() or (np.diff(real[:, 1]) < 0).any())
 
