@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import acquire, export, files, manifest, provenance, tables
-from .runtime import ort_session, usable_positions
+from .runtime import ort_session, pad_batch, usable_positions
 
 INFERENCE_COLUMNS = ["model", "tokens", "texts", "truncated", "max_abs", "mean_abs", "min_cos", "mean_cos",
                      "max_value", "batch_max_abs"]
@@ -84,16 +84,6 @@ class Model:
         return cut, sum(len(a) != len(b) for a, b in zip(full, cut, strict=True))
 
 
-def _pad(rows: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    width = max(len(r) for r in rows)
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = row
-        mask[i, : len(row)] = 1
-    return ids, mask
-
-
 def _torch_states(model: torch.nn.Module, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
@@ -131,7 +121,7 @@ def inference_parity(model: Model, texts: list[str], threads: int, batch: int = 
     per_token, cosines, abs_sums, singles = [], [], 0.0, []
     max_value, elements = 0.0, 0
     for row in rows:
-        ids, mask = _pad([row], model.pad_id)
+        ids, mask = pad_batch([row], model.pad_id)
         ref = _torch_states(model.torch_model, ids, mask)[0]
         got = session.run([export.OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
         diff, cos = token_differences(ref, got)
@@ -144,7 +134,7 @@ def inference_parity(model: Model, texts: list[str], threads: int, batch: int = 
     batch_max = 0.0
     for start in range(0, len(rows), batch):
         chunk = rows[start:start + batch]
-        ids, mask = _pad(chunk, model.pad_id)
+        ids, mask = pad_batch(chunk, model.pad_id)
         out = session.run([export.OUTPUT], {"input_ids": ids, "attention_mask": mask})[0]
         for i, row in enumerate(chunk):
             batch_max = max(batch_max, float(np.abs(out[i, : len(row)] - singles[start + i]).max()))
@@ -190,7 +180,7 @@ def trainable_parity(model: Model, texts: list[str], threads: int, batch: int = 
     pairs = {name: Accumulator() for name in COMPARISONS}
     singles = []
     for row in rows:
-        ids, mask = _pad([row], model.pad_id)
+        ids, mask = pad_batch([row], model.pad_id)
         reference = _torch_states(model.torch_model, ids, mask)[0]
         graph = session.run([export.OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
         with torch.no_grad():
@@ -202,7 +192,7 @@ def trainable_parity(model: Model, texts: list[str], threads: int, batch: int = 
     equal = True
     for start in range(0, len(rows), batch):
         chunk = rows[start:start + batch]
-        ids, mask = _pad(chunk, model.pad_id)
+        ids, mask = pad_batch(chunk, model.pad_id)
         with torch.no_grad():
             out = encoder(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         equal &= all(np.array_equal(out[i, : len(r)], singles[start + i]) for i, r in enumerate(chunk))

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import acquire, export, files, provenance, tables
+from . import acquire, export, files, provenance, runtime, tables
 from .runtime import INPUTS, ort_session, usable_positions
 
 OUTPUTS = ("dense", "sparse", "colbert")
@@ -271,13 +271,7 @@ def _encode(tokenizer, texts: list[str], max_length: int, pad_id: int, pad_to: i
             ) -> tuple[np.ndarray, np.ndarray]:
     tokenizer.enable_truncation(max_length=max_length)
     rows = [tokenizer.encode(t).ids for t in texts]
-    width = max(pad_to, *(len(r) for r in rows))
-    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = row
-        mask[i, : len(row)] = 1
-    return ids, mask
+    return runtime.pad_batch(rows, pad_id, pad_to)
 
 
 def parity_cases(tokenizer_path: str | os.PathLike, config) -> list[Case]:
@@ -410,13 +404,7 @@ def _write_graph(raw: Path, target: Path, level: str, external: bool, threads: i
         onnx.save_model(model, str(target), save_as_external_data=external, all_tensors_to_one_file=True,
                         location=DATA_FILE, size_threshold=1024)
         return
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = {
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    }[level]
+    options = runtime.session_options(threads, level)
     options.optimized_model_filepath = str(target)
     if external:
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA_FILE)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 INPUTS = ("input_ids", "attention_mask")  # int64 [batch, sequence]
 OUTPUT = "last_hidden_state"  # float32 [batch, sequence, width]
 OPTIMIZATIONS = ("disable", "basic", "extended", "all")
@@ -19,8 +21,19 @@ def usable_positions(config: dict) -> int | None:
     return int(n)
 
 
-def ort_session(path: str | os.PathLike, threads: int, optimization: str = "all"):
-    """A CPU session with fixed thread counts, so that results and timings do not depend on the host."""
+def pad_batch(rows: list[list[int]], pad_id: int, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded `input_ids` and `attention_mask` (int64) for rows of piece ids."""
+    width = max(width, *(len(r) for r in rows))
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def session_options(threads: int, optimization: str = "all"):
+    """ONNX Runtime options with fixed thread counts: results and timings do not depend on the host."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -32,4 +45,12 @@ def ort_session(path: str | os.PathLike, threads: int, optimization: str = "all"
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[optimization]
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return options
+
+
+def ort_session(path: str | os.PathLike, threads: int, optimization: str = "all"):
+    """A CPU session on `path` with `session_options`."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), session_options(threads, optimization),
+                                providers=["CPUExecutionProvider"])
