@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import acquire, files, manifest, provenance
-from .runtime import INPUTS, OUTPUT, ort_session, usable_positions
+from .runtime import INPUTS, OUTPUT, ort_session, pad_batch, usable_positions
 
 DYNAMIC_AXES = {
     "input_ids": {0: "batch", 1: "sequence"},
@@ -75,13 +75,7 @@ def check_batch(tokenizer_path: str | os.PathLike, config) -> tuple[np.ndarray, 
         if len(ids) != n:
             raise ExportError(f"{tokenizer_path}: the check text gives {len(ids)} pieces, expected {n}")
         rows.append(ids)
-    pad = config.pad_token_id if config.pad_token_id is not None else 0
-    input_ids = np.full((len(rows), longest), pad, dtype=np.int64)
-    mask = np.zeros((len(rows), longest), dtype=np.int64)
-    for i, ids in enumerate(rows):
-        input_ids[i, : len(ids)] = ids
-        mask[i, : len(ids)] = 1
-    return input_ids, mask
+    return pad_batch(rows, config.pad_token_id if config.pad_token_id is not None else 0)
 
 
 @dataclass(frozen=True)
