@@ -33,6 +33,26 @@ def ort_session(path: Path, threads: int, optimization: str):
         raise EncoderError(f"{path}: ONNX Runtime cannot load the model: {err}") from err
 
 
+def open_export(model_dir: Path) -> tuple[dict, dict]:
+    """An export directory both encoders read: its manifest, with every file checked, and its config."""
+    if not model_dir.is_dir():
+        raise EncoderError(f"{model_dir}: not a directory; expected an exported model "
+                           f"({', '.join(manifest.MODEL_FILES)}, {manifest.MANIFEST})")
+    record = manifest.verified_model(model_dir)  # names any changed or missing file
+    listed = {entry["path"] for entry in record.get("files", [])}
+    for name in manifest.MODEL_FILES:
+        if name not in listed:
+            raise EncoderError(f"{model_dir / manifest.MANIFEST} does not list {name}; re-export the model")
+    path = model_dir / manifest.CONFIG_FILE
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise EncoderError(f"{path}: cannot read the model config: {err}") from err
+    if "hidden_size" not in config:
+        raise EncoderError(f"{path}: no hidden_size; expected a Hugging Face config.json")
+    return record, config
+
+
 class FrozenEncoder:
     """Word vectors from an exported model directory (model.onnx, tokenizer.json, model.config.json).
 
@@ -49,17 +69,7 @@ class FrozenEncoder:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.model_dir = Path(model_dir)
-        if not self.model_dir.is_dir():
-            raise EncoderError(f"{self.model_dir}: not a directory; expected an exported model "
-                               f"({manifest.ONNX_FILE}, {manifest.TOKENIZER_FILE}, {manifest.CONFIG_FILE}, "
-                               f"{manifest.MANIFEST})")
-        self.manifest = manifest.verified_model(self.model_dir)  # names any changed or missing file
-        listed = {entry["path"] for entry in self.manifest.get("files", [])}
-        for name in (manifest.ONNX_FILE, manifest.TOKENIZER_FILE, manifest.CONFIG_FILE):
-            if name not in listed:
-                raise EncoderError(
-                    f"{self.model_dir / manifest.MANIFEST} does not list {name}; re-export the model")
-        self.config = self._read_config(self.model_dir / manifest.CONFIG_FILE)
+        self.manifest, self.config = open_export(self.model_dir)
 
         self.pooling = pooling
         self.batch_size = batch_size
@@ -86,16 +96,6 @@ class FrozenEncoder:
 
         self.windows_run = 0
         self._cache: dict[Doc, np.ndarray] = {}
-
-    @staticmethod
-    def _read_config(path: Path) -> dict:
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as err:
-            raise EncoderError(f"{path}: cannot read the model config: {err}") from err
-        if "hidden_size" not in config:
-            raise EncoderError(f"{path}: no hidden_size; expected a Hugging Face config.json")
-        return config
 
     def settings(self) -> dict:
         """Everything that decides the vectors, read back from the live session where possible."""

@@ -16,6 +16,7 @@ MANIFEST = "export.json"
 ONNX_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "model.config.json"
+MODEL_FILES = (ONNX_FILE, TOKENIZER_FILE, CONFIG_FILE)  # what an encoder reads from an export
 
 
 class ManifestError(RuntimeError):

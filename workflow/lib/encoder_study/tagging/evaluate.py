@@ -298,24 +298,25 @@ def comparisons_markdown(rows: Iterable[Mapping]) -> str:
           f"{int(r['sentences']):,}") for r in rows], "lllrrrrr")
 
 
-def write_scores(target: str | os.PathLike, rows: Iterable[Mapping]) -> tuple[Path, Path]:
-    """Write scores.csv and its Markdown rendering beside it (same name, .md), each atomically."""
+def _write_table(target: str | os.PathLike, rows: Iterable[Mapping], to_csv, to_markdown
+                 ) -> tuple[Path, Path]:
+    """Write a CSV and its Markdown rendering beside it (same name, .md), each atomically."""
     rows = list(rows)
     target = Path(target)
     markdown = target.with_suffix(".md")
-    files.write_text(target, scores_csv(rows))
-    files.write_text(markdown, scores_markdown(rows))
+    files.write_text(target, to_csv(rows))
+    files.write_text(markdown, to_markdown(rows))
     return target, markdown
+
+
+def write_scores(target: str | os.PathLike, rows: Iterable[Mapping]) -> tuple[Path, Path]:
+    """scores.csv and scores.md."""
+    return _write_table(target, rows, scores_csv, scores_markdown)
 
 
 def write_comparisons(target: str | os.PathLike, rows: Iterable[Mapping]) -> tuple[Path, Path]:
-    """Write comparisons.csv and its Markdown rendering beside it (same name, .md), each atomically."""
-    rows = list(rows)
-    target = Path(target)
-    markdown = target.with_suffix(".md")
-    files.write_text(target, comparisons_csv(rows))
-    files.write_text(markdown, comparisons_markdown(rows))
-    return target, markdown
+    """comparisons.csv and comparisons.md."""
+    return _write_table(target, rows, comparisons_csv, comparisons_markdown)
 
 
 # --- plot ------------------------------------------------------------------------------------------

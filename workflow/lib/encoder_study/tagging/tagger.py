@@ -25,7 +25,7 @@ from ..trainable.words import TrainableEncoder
 from ..treebank import UPOS
 
 KINDS = ("transformer", "transformer-trainable")
-MODEL_FILES = (manifest.ONNX_FILE, manifest.TOKENIZER_FILE, manifest.CONFIG_FILE)
+MODEL_FILES = manifest.MODEL_FILES
 EVAL_BATCH_WORDS = 2000
 
 

@@ -28,13 +28,13 @@ import torch
 from torch import nn
 
 from .. import files, manifest, trainable
-from ..frozen import EncoderError, FrozenEncoder
+from ..frozen import EncoderError, open_export
 from ..runtime import usable_positions
 from ..tokens import Doc, DocPieces, PieceTokenizer, check_pooling
 
 CHECKPOINT_FORMAT = "encoder_study.trainable.words/1"
 # Files whose hash a checkpoint records: the words it produces depend on all three.
-MODEL_FILES = (manifest.ONNX_FILE, manifest.TOKENIZER_FILE, manifest.CONFIG_FILE)
+MODEL_FILES = manifest.MODEL_FILES
 
 
 def plan_batches(lengths: Sequence[int], max_batch_pieces: int) -> list[list[int]]:
@@ -85,16 +85,8 @@ class TrainableEncoder(nn.Module):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.model_dir = Path(model_dir)
-        if not self.model_dir.is_dir():
-            raise EncoderError(f"{self.model_dir}: not a directory; expected an exported model "
-                               f"({', '.join(MODEL_FILES)}, {manifest.MANIFEST})")
-        self.manifest = manifest.verified_model(self.model_dir)  # names any changed or missing file
+        self.manifest, self.config = open_export(self.model_dir)
         self.file_hashes = {e["path"]: e["sha256"] for e in self.manifest.get("files", [])}
-        for name in MODEL_FILES:
-            if name not in self.file_hashes:
-                raise EncoderError(
-                    f"{self.model_dir / manifest.MANIFEST} does not list {name}; re-export the model")
-        self.config = FrozenEncoder._read_config(self.model_dir / manifest.CONFIG_FILE)
 
         self.pooling = pooling
         self.max_batch_pieces = max_batch_pieces
