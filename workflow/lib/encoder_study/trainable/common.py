@@ -39,6 +39,21 @@ class Encoder(nn.Module):
             attention_mask = F.pad(attention_mask, (0, MIN_LENGTH - seq), value=0)
         return self.encode(self.embed(input_ids), attention_mask)[:, :seq]
 
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """[embeddings, layer 1, ..., layer N] outputs, each [batch, sequence, width]; the last is forward's.
+
+        What distillation matches a student against, computed on the same path as `forward`.
+        """
+        seq = input_ids.shape[1]
+        if seq < MIN_LENGTH:
+            input_ids = F.pad(input_ids, (0, MIN_LENGTH - seq), value=self.filler_id)
+            attention_mask = F.pad(attention_mask, (0, MIN_LENGTH - seq), value=0)
+        x = self.embed(input_ids)
+        states = [x]
+        last = self.encode(x, attention_mask, states)
+        states[-1] = last  # the final output (after a final norm, where the family has one)
+        return [h[:, :seq] for h in states]
+
     @property
     def embeddings_frozen(self) -> bool:
         return self.settings.freeze_embeddings

@@ -109,7 +109,8 @@ class ModernBertEncoder(Encoder):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.norm(self.tokens(input_ids))
 
-    def encode(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, attention_mask: torch.Tensor,
+               states: list[torch.Tensor] | None = None) -> torch.Tensor:
         seq = x.shape[1]
         tables = {True: rotary_tables(self.global_inv_freq, seq, x.dtype),
                   False: rotary_tables(self.local_inv_freq, seq, x.dtype)}
@@ -120,6 +121,8 @@ class ModernBertEncoder(Encoder):
         for layer in self.layers:
             cos, sin = tables[layer.is_global]
             x = layer(x, cos, sin, masks[layer.is_global])
+            if states is not None:
+                states.append(x)
         return self.final_norm(x)
 
 

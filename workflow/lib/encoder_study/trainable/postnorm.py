@@ -35,6 +35,9 @@ class PostNormSettings:
     position_pad_id: int | None  # RoBERTa-style: positions count non-pad tokens; None: 0, 1, 2, ... + offset
     freeze_embeddings: bool = True
     family: str = "postnorm"
+    # Factorised token table (Lan et al. 2020, 3.1): vocab x embedding_width, lifted to `width` by a
+    # linear map (the distilled student). None: a vocab x width table, as BERT and XLM-R have.
+    embedding_width: int | None = None
 
 
 class PostNormLayer(nn.Module):
@@ -65,7 +68,8 @@ class PostNormLayer(nn.Module):
 class PostNormEncoder(Encoder):
     def __init__(self, s: PostNormSettings):
         super().__init__(s)
-        self.tokens = nn.Embedding(s.vocab_size, s.width)
+        self.tokens = nn.Embedding(s.vocab_size, s.embedding_width or s.width)
+        self.projection = nn.Linear(s.embedding_width, s.width) if s.embedding_width else None
         # Learned positions with the token-type row 0 already added: the exported graph always uses
         # type 0, so one table does the work of two.
         self.positions = nn.Parameter(torch.zeros(s.max_positions, s.width))
@@ -86,12 +90,18 @@ class PostNormEncoder(Encoder):
         return torch.cumsum(real, dim=1) * real + (s.position_offset - 1)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.tokens(input_ids) + self.positions[self.position_ids(input_ids)])
+        tokens = self.tokens(input_ids)
+        if self.projection is not None:
+            tokens = self.projection(tokens)
+        return self.norm(tokens + self.positions[self.position_ids(input_ids)])
 
-    def encode(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, attention_mask: torch.Tensor,
+               states: list[torch.Tensor] | None = None) -> torch.Tensor:
         allowed = padding_keys(attention_mask)
         for layer in self.layers:
             x = layer(x, allowed)
+            if states is not None:
+                states.append(x)
         return x
 
 
