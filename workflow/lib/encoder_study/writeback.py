@@ -540,6 +540,10 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     positions + token-type row 0 in one table, and the graph adds token-type row 0 to every position:
     a changed table is written with the row folded in and the token-type table zeroed (the same sums);
     an unchanged one is left out, so the graph keeps its own two tables.
+
+    A distilled student's graph (`embeddings.projection.weight`; see encoder_study.distill.export) holds
+    every weight as a named initializer, linear weights [in, out]: each goes back under its own name,
+    transposed, the projection and the positions included (unchanged values leave the bytes as they were).
     """
     from .trainable import FAMILIES, _module_weights
     from .trainable import postnorm as pn
@@ -551,6 +555,24 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     weights, prefix = _module_weights(graph)
     family = encoder.settings.family
     module = FAMILIES[family][0]
+    if include_tokens is None:
+        include_tokens = not encoder.embeddings_frozen
+    params = dict(encoder.named_parameters())
+    if family == "postnorm" and pn.PROJECTION in weights:
+        # The student layout: names fixed by the export, layout known by name, no anonymous weights.
+        names = pn.student_names(encoder.settings.layers)
+        extra = sorted(set(params) ^ set(names))
+        if extra:
+            raise WritebackError(f"{graph.path}: a distilled student's graph, but the encoder's parameters "
+                                 f"do not match its names ({', '.join(extra[:3])}); it was not read from "
+                                 "this graph")
+        out = {}
+        for param, theirs in names.items():
+            if param == "tokens.weight" and not include_tokens:
+                continue
+            value = params[param].detach().cpu().numpy().astype(np.float32, copy=True)
+            out[prefix + theirs] = np.ascontiguousarray(value.T) if pn.student_linear(param) else value
+        return out
     names = module._names(encoder.settings.layers)
     # Module name -> the names its MatMul nodes read (the exporter's anonymous [in, out] weights).
     linear: dict[str, list[str]] = {}
@@ -560,9 +582,6 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
             scope = module_scope(node.name)
             if stored in graph.initializers and stored.startswith(ANONYMOUS) and scope:
                 linear.setdefault(scope + ".weight", []).append(node.input[1])
-    if include_tokens is None:
-        include_tokens = not encoder.embeddings_frozen
-    params = dict(encoder.named_parameters())
     out: dict[str, np.ndarray] = {}
     for param, theirs in names.items():
         if param == "tokens.weight" and not include_tokens:

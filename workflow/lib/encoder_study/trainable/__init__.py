@@ -55,11 +55,14 @@ def _read_config(path: Path | None) -> dict:
 
 
 def detect_family(names) -> str:
-    """`modernbert` for tok_embeddings + layers.N.attn.Wqkv, `postnorm` for BERT's names, else refuse."""
+    """`modernbert` for tok_embeddings + layers.N.attn.Wqkv, `postnorm` for BERT's names and for the
+    distilled student's (a factorised table: embeddings.projection), else refuse."""
     names = set(names)
     if modernbert.TOKENS in names and "layers.0.attn.Wqkv.weight" in names:
         return "modernbert"
     if postnorm.TOKENS in names and "encoder.layer.0.attention.self.query.weight" in names:
+        return "postnorm"
+    if postnorm.TOKENS in names and postnorm.PROJECTION in names:
         return "postnorm"
     raise GraphError("cannot tell the family from the weight names (e.g. "
                      f"{sorted(names)[:4]}); give family='postnorm' or family='modernbert'")

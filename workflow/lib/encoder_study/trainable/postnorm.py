@@ -4,6 +4,9 @@ Token + learned position embeddings, layer norm, then post-norm layers:
     x = norm(x + Wo(attention(x)))
     x = norm(x + W2(gelu(W1 x)))
 with biases everywhere and exact (erf) GELU. The reference is transformers' modeling_bert.py.
+
+The distilled student (encoder_study.distill) is this family with a factorised token table; its graph
+names every weight itself, linear weights stored [in, out] (`student_names`, `_from_student_graph`).
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import Encoder, attention, choose_heads, copy_weights, graph_head_dim, padding_keys
-from .graph import Graph, GraphError
+from .graph import ANONYMOUS, Graph, GraphError
 
 TOKENS = "embeddings.word_embeddings.weight"
 POSITIONS = "embeddings.position_embeddings.weight"
 TOKEN_TYPES = "embeddings.token_type_embeddings.weight"
+# The distilled student's layout (encoder_study.distill.export): a factorised table lifted by this linear
+# map, every linear weight a named initializer stored [in, out], positions from 0, no token types.
+PROJECTION = "embeddings.projection.weight"
 
 
 @dataclass
@@ -160,6 +166,8 @@ def from_graph(graph: Graph, weights: dict, prefix: str, config: dict, *, heads:
                freeze_embeddings: bool = True) -> PostNormEncoder:
     """Build the encoder from the graph's weights and constants (see `position_scheme`, `norm_epsilons`)."""
     check_graph_gelu(graph)
+    if PROJECTION in weights:
+        return _from_student_graph(graph, weights, prefix, config, heads, freeze_embeddings)
     tokens = weights[TOKENS]
     layers = 1 + max(int(n.split(".")[2]) for n in weights if n.startswith("encoder.layer."))
     width = tokens.shape[1]
@@ -181,6 +189,79 @@ def from_graph(graph: Graph, weights: dict, prefix: str, config: dict, *, heads:
         positions = positions + torch.from_numpy(weights[TOKEN_TYPES][0].copy())
     with torch.no_grad():
         encoder.positions.copy_(positions)
+    return encoder
+
+
+# The student's names (after the wrapper prefix), ours -> theirs; see encoder_study.distill.export.
+_STUDENT_PARTS = {"query": "attention.query", "key": "attention.key", "value": "attention.value",
+                  "attn_out": "attention.output", "attn_norm": "attention.LayerNorm",
+                  "ff_in": "intermediate", "ff_out": "output", "ff_norm": "output.LayerNorm"}
+_STUDENT_LINEAR = ("projection", "query", "key", "value", "attn_out", "ff_in", "ff_out")
+
+
+def student_names(layers: int) -> dict[str, str]:
+    """Our parameter name -> the student graph's name (prefix removed), positions included."""
+    names = {"tokens.weight": TOKENS, "projection.weight": PROJECTION,
+             "projection.bias": "embeddings.projection.bias", "positions": POSITIONS,
+             "norm.weight": "embeddings.LayerNorm.weight", "norm.bias": "embeddings.LayerNorm.bias"}
+    for i in range(layers):
+        for ours, theirs in _STUDENT_PARTS.items():
+            for p in ("weight", "bias"):
+                names[f"layers.{i}.{ours}.{p}"] = f"encoder.layer.{i}.{theirs}.{p}"
+    return names
+
+
+def student_linear(param: str) -> bool:
+    """Whether the student graph stores this parameter transposed ([in, out]): every linear weight."""
+    module, _, kind = param.rpartition(".")
+    return kind == "weight" and module.rpartition(".")[2] in _STUDENT_LINEAR
+
+
+def _from_student_graph(graph: Graph, weights: dict, prefix: str, config: dict, heads: int | None,
+                        freeze_embeddings: bool) -> PostNormEncoder:
+    """The distilled student: weights read by name, linear weights transposed from [in, out] to [out, in].
+
+    The layout is known from the names, never guessed from shapes (a square [width, width] weight
+    reads the same either way), so each linear weight must be a named initializer of exactly the
+    [in, out] shape the settings give. The head count cannot be read from this graph with certainty,
+    so it must be given or be in the config beside the graph.
+    """
+    if not heads and not config.get("num_attention_heads"):
+        raise GraphError(f"{graph.path}: a distilled student's graph (it has {PROJECTION}) does not say its "
+                         "head count; give heads= or put num_attention_heads in the <name>.config.json "
+                         "beside the graph (the export writes it there)")
+    tokens, projection = weights[TOKENS], weights[PROJECTION]
+    layers = 1 + max((int(n.split(".")[2]) for n in weights if n.startswith("encoder.layer.")), default=-1)
+    if layers < 1 or not {POSITIONS, "encoder.layer.0.intermediate.weight"} <= set(weights):
+        raise GraphError(f"{graph.path}: has {PROJECTION} but not the student's layer names "
+                         "(encoder.layer.N.attention.query.weight ...); it is another layout")
+    width = projection.shape[1]
+    epsilons = set(graph.norm_epsilons().values())
+    if len(epsilons) != 1:
+        raise GraphError(f"{graph.path}: expected one layer-norm epsilon, found {sorted(epsilons)}")
+    settings = PostNormSettings(
+        width=width, layers=layers, heads=choose_heads(graph.path, width, heads, config, None),
+        intermediate=weights["encoder.layer.0.intermediate.weight"].shape[1], vocab_size=tokens.shape[0],
+        max_positions=weights[POSITIONS].shape[0], eps=epsilons.pop(), position_offset=0,
+        position_pad_id=None, freeze_embeddings=freeze_embeddings, embedding_width=tokens.shape[1])
+    encoder = PostNormEncoder(settings)
+    params = dict(encoder.named_parameters())
+    names = student_names(layers)
+    ours = dict(weights)
+    for param, theirs in names.items():
+        if not student_linear(param) or theirs not in weights:
+            continue  # a missing name is reported by copy_weights
+        stored = graph.resolve(prefix + theirs)
+        if stored not in graph.initializers or stored.startswith(ANONYMOUS):
+            raise GraphError(f"{graph.path}: {prefix + theirs} is not a named initializer; the student "
+                             "layout stores every linear weight under its own name, [in, out], and an "
+                             "unnamed one's layout cannot be told from its shape")
+        out_features, in_features = params[param].shape
+        if tuple(weights[theirs].shape) != (in_features, out_features):
+            raise GraphError(f"{graph.path}: {prefix + theirs} has shape {tuple(weights[theirs].shape)}; the "
+                             f"student layout stores it [in, out] = {(in_features, out_features)}")
+        ours[theirs] = weights[theirs].T
+    copy_weights(encoder, ours, names, graph.path)
     return encoder
 
 

@@ -1,0 +1,1 @@
+"""The distilled student: `student` (architecture), `export` (ONNX + parity), `data`, `objective`, `train`."""

@@ -1,0 +1,390 @@
+"""The distilled student as an exported encoder: an ONNX graph, the teacher's tokenizer, a config, a manifest.
+
+The graph has the shape of every other export (inputs `input_ids`, `attention_mask`: int64 [batch,
+sequence], dynamic; output `last_hidden_state`; opset 17; TorchScript exporter; attention as
+MatMul/Softmax; exact GELU as Erf), but its weights are named initializers, each linear weight stored
+[in, out] (the layout MatMul reads), under these names (N = layer):
+
+    model.embeddings.word_embeddings.weight              [vocab, embedding_width]
+    model.embeddings.projection.{weight,bias}            [embedding_width, width], [width]
+    model.embeddings.position_embeddings.weight          [max_positions, width], row 0 = first token
+    model.embeddings.LayerNorm.{weight,bias}
+    model.encoder.layer.N.attention.{query,key,value,output}.{weight,bias}   [width, width], [width]
+    model.encoder.layer.N.attention.LayerNorm.{weight,bias}
+    model.encoder.layer.N.intermediate.{weight,bias}      [width, intermediate], [intermediate]
+    model.encoder.layer.N.output.{weight,bias}            [intermediate, width], [width]
+    model.encoder.layer.N.output.LayerNorm.{weight,bias}
+
+The export wrapper's parameters already are those [in, out] arrays and it computes `x @ W + b`, so
+constant folding finds no Transpose to fold and every initializer keeps its module name (the plain
+exporter would store anonymous `onnx::MatMul_N` tensors). The head count, which the weights cannot
+tell, is `num_attention_heads` in model.config.json. `trainable.load` reads this layout back
+(`trainable.postnorm.student_names`), and `writeback.module_weights_to_graph` writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import files, manifest, provenance
+from ..export import CHECK_TEXT, DYNAMIC_AXES, ExportError
+from ..runtime import INPUTS, OUTPUT, ort_session, pad_batch
+from ..trainable.postnorm import PostNormEncoder, student_names
+
+MODEL_TYPE = "encoder_study_student"
+SOURCE = "student"
+PARITY_COLUMNS = ["model", "comparison", "tokens", "max_abs", "mean_abs", "max_value", "min_cos",
+                  "batch_equal"]
+PARITY_COMPARISONS = ("trainable vs pytorch", "graph runtime vs pytorch")
+
+
+# -- the export-only module -------------------------------------------------------------------------
+
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t.detach().to(torch.float32).clone().contiguous(), requires_grad=False)
+
+
+class _Linear(nn.Module):
+    """`x @ weight + bias`, weight stored [in, out] so the MatMul reads the named parameter itself."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight = _frozen(linear.weight.T)
+        self.bias = _frozen(linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(x, self.weight) + self.bias
+
+
+class _Norm(nn.LayerNorm):
+    def __init__(self, norm: nn.LayerNorm):
+        super().__init__(norm.normalized_shape, eps=norm.eps)
+        self.weight, self.bias = _frozen(norm.weight), _frozen(norm.bias)
+
+
+class _Table(nn.Module):
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = _frozen(weight)
+
+
+class _Embeddings(nn.Module):
+    def __init__(self, encoder: PostNormEncoder):
+        super().__init__()
+        self.word_embeddings = _Table(encoder.tokens.weight)
+        self.projection = _Linear(encoder.projection)
+        self.position_embeddings = _Table(encoder.positions)
+        self.LayerNorm = _Norm(encoder.norm)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        tokens = self.projection(F.embedding(input_ids, self.word_embeddings.weight))
+        positions = self.position_embeddings.weight[: input_ids.shape[1]]  # from row 0, as BERT
+        return self.LayerNorm(tokens + positions)
+
+
+class _Attention(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.heads, self.scale = layer.heads, layer.scale
+        self.query, self.key, self.value = _Linear(layer.query), _Linear(layer.key), _Linear(layer.value)
+        self.output = _Linear(layer.attn_out)
+        self.LayerNorm = _Norm(layer.attn_norm)
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        batch, width = x.shape[0], x.shape[2]
+
+        def split(t):  # [batch, seq, width] -> [batch, heads, seq, head_dim]
+            return t.reshape(batch, -1, self.heads, width // self.heads).transpose(1, 2)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        # The trainable modules' order of operations (common.attention), so both round alike.
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        a = torch.matmul(scores.softmax(dim=-1), v).transpose(1, 2).reshape(batch, -1, width)
+        return self.LayerNorm(x + self.output(a))
+
+
+class _Output(_Linear):
+    def __init__(self, linear: nn.Linear, norm: nn.LayerNorm):
+        super().__init__(linear)
+        self.LayerNorm = _Norm(norm)
+
+
+class _Layer(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.attention = _Attention(layer)
+        self.intermediate = _Linear(layer.ff_in)
+        self.output = _Output(layer.ff_out, layer.ff_norm)
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        x = self.attention(x, allowed)
+        h = self.output(F.gelu(self.intermediate(x)))  # exact GELU: Erf in the graph
+        return self.output.LayerNorm(x + h)
+
+
+class _Stack(nn.Module):
+    def __init__(self, encoder: PostNormEncoder):
+        super().__init__()
+        self.layer = nn.ModuleList(_Layer(layer) for layer in encoder.layers)
+
+
+class _Body(nn.Module):
+    def __init__(self, encoder: PostNormEncoder):
+        super().__init__()
+        self.embeddings = _Embeddings(encoder)
+        self.encoder = _Stack(encoder)
+
+
+class StudentGraph(nn.Module):
+    """`forward(input_ids, attention_mask) -> last_hidden_state` with the documented initializer names.
+
+    Built from (a copy of) a student's weights; it computes what `PostNormEncoder.forward` computes.
+    """
+
+    def __init__(self, encoder: PostNormEncoder):
+        super().__init__()
+        check_student(encoder)
+        self.model = _Body(encoder)
+        self.eval()  # the exporter restores the module's mode; nothing here drops out, but keep it plain
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        allowed = attention_mask.bool()[:, None, None, :]
+        x = self.model.embeddings(input_ids)
+        for layer in self.model.encoder.layer:
+            x = layer(x, allowed)
+        return x
+
+
+def check_student(encoder) -> None:
+    """Refuse what the student layout cannot express (the graph would silently compute something else)."""
+    s = getattr(encoder, "settings", None)
+    if not isinstance(encoder, PostNormEncoder) or s is None or not s.embedding_width:
+        raise ExportError("the student export takes a trainable.PostNormEncoder with a factorised token "
+                          "table (settings.embedding_width); encoder_study.distill.student.build makes one")
+    if s.position_offset != 0 or s.position_pad_id is not None:
+        raise ExportError(f"the student's positions start at row 0 (got offset {s.position_offset}, pad id "
+                          f"{s.position_pad_id}); the exported graph has no other position scheme")
+
+
+# -- export ----------------------------------------------------------------------------------------
+
+def model_config(encoder: PostNormEncoder, pad_token_id: int | None) -> dict:
+    """model.config.json: Hugging Face-style keys the readers use (heads, width, positions, pad id)."""
+    s = encoder.settings
+    config = {
+        "model_type": MODEL_TYPE, "hidden_size": s.width, "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads, "intermediate_size": s.intermediate,
+        "embedding_size": s.embedding_width, "max_position_embeddings": s.max_positions,
+        "layer_norm_eps": s.eps, "vocab_size": s.vocab_size, "hidden_act": "gelu",
+        "position_embedding_type": "absolute", "type_vocab_size": 0,
+    }
+    if pad_token_id is not None:
+        config["pad_token_id"] = int(pad_token_id)
+    return config
+
+
+def _teacher(teacher_dir: Path) -> tuple[Path, dict, dict]:
+    """(tokenizer path, teacher manifest or {}, teacher config or {}); an export directory is verified."""
+    tokenizer = teacher_dir / manifest.TOKENIZER_FILE
+    if not tokenizer.is_file():
+        raise ExportError(f"{teacher_dir}: no {manifest.TOKENIZER_FILE}; give the teacher's export directory")
+    record = manifest.verified_model(teacher_dir) if (teacher_dir / manifest.MANIFEST).is_file() else {}
+    config = {}
+    for name in (manifest.CONFIG_FILE, "config.json"):
+        if (teacher_dir / name).is_file():
+            config = json.loads((teacher_dir / name).read_text(encoding="utf-8"))
+            break
+    return tokenizer, record, config
+
+
+def check_batch(tokenizer_path: Path, max_positions: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Three right-padded rows of the export check text (48, 32 and 5 pieces, capped at the positions)."""
+    from tokenizers import Tokenizer
+
+    longest = min(max_positions, 48)
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok.no_padding()
+    rows = []
+    for n in (longest, max(1, (2 * longest) // 3), min(5, longest)):
+        tok.enable_truncation(max_length=n)
+        rows.append(tok.encode(CHECK_TEXT * 8).ids)
+    return pad_batch(rows, pad_id)
+
+
+def _forward(encoder: nn.Module, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    was = encoder.training
+    try:
+        encoder.eval()
+        with torch.no_grad():
+            return encoder(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+    finally:
+        encoder.train(was)
+
+
+def _check_round_trip(encoder: PostNormEncoder, onnx_path: Path) -> None:
+    """The graph must read back (by name, [in, out] transposed) as exactly the encoder's weights."""
+    from .. import trainable
+
+    again = trainable.load(onnx_path, freeze_embeddings=False)
+    theirs = dict(again.named_parameters())
+    for name, param in encoder.named_parameters():
+        if not torch.equal(param.detach().float(), theirs[name].detach()):
+            raise ExportError(f"{onnx_path}: {name} does not read back from the graph as exported; "
+                              "nothing was written")
+    if again.settings_dict() != dict(encoder.settings_dict(), freeze_embeddings=False):
+        raise ExportError(f"{onnx_path}: settings read back as {again.settings_dict()}, exported "
+                          f"{encoder.settings_dict()}; nothing was written")
+
+
+def export_student(encoder: PostNormEncoder, teacher_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+                   name: str = "student", distillation: dict | None = None, tolerance: float = 1e-4,
+                   threads: int = 1, opset: int = 17, ort_optimization: str = "all") -> dict:
+    """Write out_dir/{model.onnx, tokenizer.json, model.config.json, export.json}; return the manifest.
+
+    `teacher_dir`: the teacher's export (or model) directory; its tokenizer.json is copied unchanged,
+    so the student's ids equal the teacher's for every text. `distillation`: what made the weights
+    (e.g. the checkpoint's SHA-256, steps, data), recorded as given. The graph is checked by
+    onnx.checker, by reading its weights back, and by ONNX Runtime against `encoder` on a padded
+    batch (max_abs / max(1, largest |value|) <= tolerance); on any failure nothing reaches `out_dir`.
+    """
+    import onnx
+    from tokenizers import Tokenizer
+
+    check_student(encoder)
+    threads = max(1, min(threads, os.cpu_count() or 1))
+    torch.set_num_threads(threads)
+    tokenizer_path, teacher_record, teacher_config = _teacher(Path(teacher_dir))
+    s = encoder.settings
+    pieces = Tokenizer.from_file(str(tokenizer_path)).get_vocab_size(with_added_tokens=True)
+    if pieces > s.vocab_size:
+        raise ExportError(f"{tokenizer_path}: {pieces} pieces, but the student's table has {s.vocab_size} "
+                          "rows; the student must have the teacher's whole vocabulary")
+    pad = teacher_config.get("pad_token_id")
+    pad_id = int(pad) if pad is not None else 0
+    wrapper = StudentGraph(encoder)
+    input_ids, mask = check_batch(tokenizer_path, s.max_positions, pad_id)
+    out_dir = Path(out_dir)
+    names = [manifest.ONNX_FILE, manifest.TOKENIZER_FILE, manifest.CONFIG_FILE]
+    with files.staging_dir(out_dir) as stage:
+        onnx_path = stage / manifest.ONNX_FILE
+        with torch.no_grad():
+            torch.onnx.export(
+                wrapper, (torch.from_numpy(input_ids), torch.from_numpy(mask)), onnx_path,
+                dynamo=False, opset_version=opset, do_constant_folding=True,
+                input_names=list(INPUTS), output_names=[OUTPUT], dynamic_axes=DYNAMIC_AXES)
+        onnx.checker.check_model(str(onnx_path), full_check=True)
+        files.write_json(stage / manifest.CONFIG_FILE, model_config(encoder, pad))
+        _check_round_trip(encoder, onnx_path)
+        reference = _forward(encoder, input_ids, mask)
+        session = ort_session(onnx_path, threads, ort_optimization)
+        got = session.run([OUTPUT], {"input_ids": input_ids, "attention_mask": mask})[0]
+        real = mask.astype(bool)
+        max_abs = float(np.abs(got - reference)[real].max())
+        max_value = float(np.abs(reference[real]).max())
+        relative = max_abs / max(1.0, max_value)
+        if not np.isfinite(relative) or relative > tolerance:
+            raise ExportError(f"student '{name}': ONNX Runtime differs from PyTorch by {max_abs:.3g} "
+                              f"(largest value {max_value:.3g}, relative {relative:.3g} > tolerance "
+                              f"{tolerance}); nothing was written")
+        shutil.copyfile(tokenizer_path, stage / manifest.TOKENIZER_FILE)
+        total = sum(p.numel() for p in encoder.parameters())
+        record = {
+            "model": name,
+            "source": SOURCE,
+            "teacher": {"model": teacher_record.get("model"),
+                        "tokenizer_sha256": files.sha256_file(tokenizer_path),
+                        "files": teacher_record.get("files")},
+            "distillation": distillation or {},
+            "libraries": provenance.library_versions(["torch", "tokenizers", "onnx", "onnxruntime"]),
+            "exporter": {
+                "function": "torch.onnx.export", "dynamo": False, "opset": opset,
+                "do_constant_folding": True, "module": "encoder_study.distill.export.StudentGraph",
+                "weights": "named initializers, linear weights stored [in, out]",
+                "inputs": {n: {"dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUTS},
+                "outputs": {OUTPUT: {"dtype": "float32", "shape": ["batch", "sequence", "width"]}},
+            },
+            "architecture": {
+                "model_type": MODEL_TYPE, "width": s.width, "layers": s.layers, "heads": s.heads,
+                "intermediate": s.intermediate, "embedding_width": s.embedding_width,
+                "max_positions": s.max_positions, "eps": s.eps, "vocab_size": s.vocab_size,
+                "parameters": total, "vocabulary_parameters": encoder.tokens.weight.numel(),
+            },
+            "check": {
+                "lengths": [int(n) for n in mask.sum(axis=1)], "padded_to": int(mask.shape[1]),
+                "onnx_checker": "passed (full_check)", "weights_read_back": "equal",
+                "ort_optimization": ort_optimization, "max_abs": max_abs, "max_value": max_value,
+                "relative": relative, "tolerance": tolerance,
+                "criterion": "max_abs / max(1, max_value) <= tolerance",
+            },
+        }
+        record = manifest.write(stage, record, names)
+        files.publish(stage, out_dir, [*names, manifest.MANIFEST])
+    return record
+
+
+def graph_names(layers: int, prefix: str = "model.") -> dict[str, str]:
+    """Our parameter name -> the exported initializer's name (the scheme above)."""
+    return {ours: prefix + theirs for ours, theirs in student_names(layers).items()}
+
+
+# -- parity ----------------------------------------------------------------------------------------
+
+def student_parity(pytorch_encoder: PostNormEncoder, export_dir: str | os.PathLike, texts: list[str],
+                   threads: int = 1, batch: int = 8) -> list[dict]:
+    """Rows of results/student/parity.csv (`PARITY_COLUMNS`).
+
+    The trainable modules read back from the graph (`trainable.load`), and ONNX Runtime on the graph,
+    each against `pytorch_encoder` (the student that was exported), one text per run over every
+    token; `batch_equal`: padded batches of `batch` give the read-back modules exactly (bitwise) the
+    rows of the texts run alone.
+    """
+    from .. import parity, trainable
+
+    torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
+    export_dir = Path(export_dir)
+    record = manifest.verified_model(export_dir)
+    config = json.loads((export_dir / manifest.CONFIG_FILE).read_text(encoding="utf-8"))
+    pad = config.get("pad_token_id")
+    pad_id = 0 if pad is None else int(pad)
+    onnx_path = export_dir / manifest.ONNX_FILE
+    model = parity.Model(record["model"], onnx_path, export_dir / manifest.TOKENIZER_FILE, pytorch_encoder,
+                         int(config["max_position_embeddings"]), pad_id)
+    rows, _ = model.encode(texts)
+    loaded = trainable.load(onnx_path)
+    session = ort_session(onnx_path, threads)
+    pairs = {name: parity.Accumulator() for name in PARITY_COMPARISONS}
+    singles = []
+    for row in rows:
+        ids, mask = pad_batch([row], pad_id)
+        reference = _forward(pytorch_encoder, ids, mask)[0]
+        graph = session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
+        mine = _forward(loaded, ids, mask)[0]
+        pairs["trainable vs pytorch"].add(reference, mine)
+        pairs["graph runtime vs pytorch"].add(reference, graph)
+        singles.append(mine)
+    equal = True
+    for start in range(0, len(rows), batch):
+        chunk = rows[start:start + batch]
+        ids, mask = pad_batch(chunk, pad_id)
+        out = _forward(loaded, ids, mask)
+        equal &= all(np.array_equal(out[i, : len(r)], singles[start + i]) for i, r in enumerate(chunk))
+    return [{"model": model.name, "comparison": name, **acc.row(), "batch_equal": equal}
+            for name, acc in pairs.items()]
+
+
+def parity_markdown(rows: list[dict]) -> str:
+    return provenance.markdown_table(
+        ["model", "comparison", "tokens", "max abs", "mean abs", "largest value", "min cosine",
+         "batches = alone"],
+        [(r["model"], r["comparison"], f"{int(r['tokens']):,}", f"{float(r['max_abs']):.2g}",
+          f"{float(r['mean_abs']):.2g}", f"{float(r['max_value']):.3g}", f"{float(r['min_cos']):.8f}",
+          "yes" if str(r["batch_equal"]) == "True" else "NO") for r in rows], "llrrrrrl")
