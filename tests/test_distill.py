@@ -1,0 +1,371 @@
+"""The distillation pieces: layer map, objective, PCA, EMA, data, and the training loop (chunks, ranks)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from encoder_study import tables
+from encoder_study.distill import data, objective, student, train
+from encoder_study.tokens import PieceTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+TATOEBA = ROOT / "config" / "texts" / "tatoeba_sample.tsv"
+UDHR = ROOT / "config" / "texts" / "udhr_sample"
+# A student and a run small enough for a test: bert-tiny (2 x 16) teaches 2 x 16.
+TINY_STUDENT = {"layers": 2, "width": 16, "heads": 2, "intermediate": 32, "embedding_width": 8,
+                "max_positions": 32}
+TINY_RUN = {"steps": 6, "batch_windows": 4, "window_lengths": [16, 24], "stats_windows": 8, "warmup": 2,
+            "log_every": 2, "threads": 1, "lr": 3e-3, "ema_decay": 0.9}
+
+
+# --- layer map -------------------------------------------------------------------------------------------
+
+def test_uniform_layer_map_rounds_half_up_and_ends_at_the_final_state():
+    assert objective.layer_map(6, 22) == [4, 7, 11, 15, 18, 22]  # the study's student and mmBERT
+    assert objective.layer_map(3, 6) == [2, 4, 6]
+    assert objective.layer_map(2, 3) == [2, 3]  # 1.5 rounds up
+    assert objective.layer_map(1, 5) == [5]
+
+
+@pytest.mark.parametrize("given, message", [([2, 4], "3 layers"), ([0, 2, 4], "from 1 to 6"),
+                                            ([2, 7, 6], "from 1 to 6"), ([2, 2, 6], "increasing"),
+                                            ([4, 2, 6], "increasing")])
+def test_given_layer_map_is_checked(given, message):
+    assert objective.layer_map(3, 6, [1, 3, 6]) == [1, 3, 6]
+    with pytest.raises(ValueError, match=message):
+        objective.layer_map(3, 6, given)
+
+
+# --- objective -------------------------------------------------------------------------------------------
+
+def _identity_objective(weights=None):
+    obj = objective.Objective(2, 2, [1, 2], mean=torch.tensor([1.0, 1.0]), std=torch.tensor([2.0, 2.0]),
+                              weights=weights)
+    with torch.no_grad():
+        for linear in obj.maps:
+            linear.weight.copy_(torch.eye(2))
+            linear.bias.zero_()
+    return obj
+
+
+def test_objective_on_hand_computed_values():
+    # Two real tokens and one padding token whose (huge) values must not count.
+    mask = torch.tensor([[1, 1, 0]])
+    teacher = [torch.zeros(1, 3, 2),
+               torch.tensor([[[1.0, 3.0], [0.0, 4.0], [50.0, -50.0]]]),   # layer-normalised: [-1, 1] twice
+               torch.tensor([[[3.0, 1.0], [1.0, -1.0], [9.0, 9.0]]])]     # standardised: [1, 0], [0, -1]
+    student_states = [torch.tensor([[[-1.0, 1.0], [1.0, 1.0], [1e3, 1e3]]]),   # squared errors 0 and 2
+                      torch.tensor([[[1.0, 0.0], [1.0, 0.0], [-1e3, 7.0]]])]   # 0 and 1; cosines 1 and 0
+    obj = _identity_objective({"hidden": 1.0, "final": 2.0, "cosine": 3.0})
+    total, terms = obj(student_states, teacher, mask)
+    # The layer norm's epsilon (1e-5 on variances 1 and 4) moves the targets by < 1e-5.
+    assert terms["hidden"].item() == pytest.approx(1.0, abs=1e-4)      # (0 + 2) / 2 tokens
+    assert terms["final"].item() == pytest.approx(0.5, abs=1e-6)
+    assert terms["cosine"].item() == pytest.approx(0.5, abs=1e-6)
+    assert total.item() == pytest.approx(1.0 + 2 * 0.5 + 3 * 0.5, abs=1e-4)
+    # A global token count (another rank's two tokens) halves every term: ranks' losses add up.
+    half_total, half = obj(student_states, teacher, mask, tokens=4.0)
+    assert half_total.item() == pytest.approx(total.item() / 2, rel=1e-6)
+    assert half["cosine"].item() == pytest.approx(0.25, abs=1e-6)
+
+
+def test_objective_refuses_unknown_terms():
+    with pytest.raises(ValueError, match="unknown loss terms"):
+        _identity_objective({"cos": 1.0})
+
+
+def test_feature_stats_merge_batches_exactly():
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, 5, 3, generator=gen) * 3 + 7, torch.randn(3, 4, 3, generator=gen)
+    mask_a, mask_b = torch.ones(2, 5), torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    stats = objective.FeatureStats()
+    stats.add(a, mask_a)
+    stats.add(b, mask_b)
+    mean, std = stats.result()
+    real = torch.cat([a.reshape(-1, 3), b[mask_b.bool()]]).double()
+    assert torch.allclose(mean.double(), real.mean(0), atol=1e-6)
+    assert torch.allclose(std.double(), real.std(0, unbiased=False), atol=1e-6)
+
+
+# --- PCA and EMA -----------------------------------------------------------------------------------------
+
+def _low_rank_table(rows=300, width=12, rank=3, seed=0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    scales = torch.tensor([5.0, 2.0, 1.0])[:rank]  # distinct variances: the components are unique
+    basis, _ = torch.linalg.qr(torch.randn(width, rank, generator=gen))
+    codes = torch.randn(rows, rank, generator=gen) * scales
+    return codes @ basis.T + torch.randn(width, generator=gen)
+
+
+def test_pca_recovers_a_low_rank_table_with_fixed_signs():
+    table = _low_rank_table()
+    reduced, components, mean = train.pca(table, 3)
+    assert reduced.shape == (300, 3) and components.shape == (3, 12)
+    assert (reduced @ components + mean - table).abs().max().item() < 1e-5
+    assert torch.allclose(components @ components.T, torch.eye(3), atol=1e-6)
+    assert (reduced.var(0)[:-1] >= reduced.var(0)[1:]).all()  # largest variance first
+    biggest = components.abs().argmax(dim=1)
+    assert (components[torch.arange(3), biggest] > 0).all()
+    # Reflecting the table through its mean leaves the covariance, so the signed components, unchanged.
+    again, components_2, _ = train.pca(2 * mean - table, 3)
+    assert torch.allclose(components_2, components, atol=1e-6)
+    assert torch.allclose(again, -reduced, atol=1e-5)
+    assert torch.equal(train.pca(table, 3)[1], components)  # and it is deterministic
+
+
+def test_pca_init_lifts_the_reduced_table_back_when_widths_agree():
+    table = _low_rank_table()
+    config = student.StudentConfig(layers=1, width=12, heads=2, intermediate=8, embedding_width=3,
+                                   max_positions=8)
+    encoder = student.build(config, vocab_size=300, seed=0)
+    train.pca_init(encoder, table)
+    with torch.no_grad():
+        lifted = encoder.projection(encoder.tokens.weight)
+    assert (lifted - table).abs().max().item() < 1e-5
+
+
+def test_ema_known_updates():
+    module = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        module.weight.fill_(1.0)
+    plain, warm = train.EMA(module, 0.5, warmup=False), train.EMA(module, 0.99)
+    with torch.no_grad():
+        module.weight.fill_(3.0)
+    for ema in (plain, warm):
+        ema.update(module)
+    assert plain.shadow["weight"].item() == 2.0                              # 0.5 * 1 + 0.5 * 3
+    assert warm.shadow["weight"].item() == pytest.approx(2.8, abs=1e-6)       # rate min(0.99, 1/10)
+    plain.update(module)
+    warm.update(module)
+    assert plain.shadow["weight"].item() == 2.5
+    assert warm.shadow["weight"].item() == pytest.approx(2.8 * 2 / 11 + 3 * 9 / 11, abs=1e-6)
+
+
+# --- data ------------------------------------------------------------------------------------------------
+
+def test_language_weights_are_proportional_to_the_square_root():
+    weights = data.language_weights({"fra": 400, "eng": 100, "xxx": 0})
+    assert list(weights) == ["eng", "fra"]
+    assert weights["fra"] == pytest.approx(2 / 3) and weights["eng"] == pytest.approx(1 / 3)
+    assert data.language_weights({"a": 400, "b": 100}, power=1.0)["a"] == pytest.approx(0.8)
+
+
+def _synthetic_corpus() -> data.Corpus:
+    # Stream values tell language (hundreds) and place, so a window shows where it came from.
+    streams = {"aaa": np.arange(1000, 1400), "bbb": np.arange(2000, 2100), "ccc": np.arange(3000, 3005)}
+    return data.Corpus(streams, {"aaa": 900, "bbb": 100, "ccc": 100}, prefix=[7], suffix=[8])
+
+
+def test_windows_have_the_asked_lengths_specials_and_padding():
+    corpus = _synthetic_corpus()
+    seen_lengths = set()
+    for step in range(20):
+        batch = corpus.batch(seed=3, step=step, windows=6, lengths=(16, 32), pad_id=0)
+        ids, mask = batch.input_ids.numpy(), batch.attention_mask.numpy()
+        seen_lengths.add(ids.shape[1])
+        for row, m, lang in zip(ids, mask, batch.langs, strict=True):
+            real = row[m.astype(bool)]
+            assert (m[:len(real)] == 1).all() and (row[len(real):] == 0).all()  # padding after the window
+            assert real[0] == 7 and real[-1] == 8
+            body = real[1:-1]
+            assert (np.diff(body) == 1).all()  # consecutive pieces of one stream
+            if lang == "ccc":
+                assert len(real) == 7  # the whole short stream
+            else:
+                assert len(real) == ids.shape[1] and body[0] // 1000 == {"aaa": 1, "bbb": 2}[lang]
+    assert seen_lengths == {16, 32}
+
+
+def test_batches_are_a_function_of_seed_and_step_and_follow_the_weights():
+    corpus = _synthetic_corpus()
+    one = corpus.batch(seed=1, step=5, windows=8, lengths=(16,))
+    assert torch.equal(one.input_ids, corpus.batch(seed=1, step=5, windows=8, lengths=(16,)).input_ids)
+    assert not torch.equal(one.input_ids, corpus.batch(seed=1, step=6, windows=8, lengths=(16,)).input_ids)
+    assert not torch.equal(one.input_ids, corpus.batch(seed=2, step=5, windows=8, lengths=(16,)).input_ids)
+    langs = corpus.batch(seed=0, step=0, windows=4000, lengths=(16,)).langs
+    expected = {"aaa": 3 / 5, "bbb": 1 / 5, "ccc": 1 / 5}  # sqrt(900) : sqrt(100) : sqrt(100)
+    for lang, share in expected.items():
+        assert langs.count(lang) / len(langs) == pytest.approx(share, abs=0.03)
+    shard = one.rows(slice(1, None, 2))
+    assert shard.langs == one.langs[1::2] and torch.equal(shard.input_ids, one.input_ids[1::2])
+
+
+def test_corpus_from_documents_and_the_embedded_sample(tiny_exports):
+    tokenizer = PieceTokenizer(tiny_exports["bert-tiny"] / "tokenizer.json")
+    docs = [data.Document("eng", "the cat sat"), data.Document("fra", "le chat"),
+            data.Document("eng", "a dog"), data.Document("deu", "")]
+    corpus = data.Corpus.build(docs, tokenizer)
+    assert corpus.langs == ["eng", "fra"]  # no text, no language
+    sep = list(tokenizer.suffix)
+    first, _ = tokenizer.encode("the cat sat")
+    second, _ = tokenizer.encode("a dog")
+    assert corpus.streams["eng"].tolist() == first.tolist() + sep + second.tolist() + sep
+    assert corpus.weights["eng"] == pytest.approx(math.sqrt(16) / (math.sqrt(16) + math.sqrt(7)))
+    sample = data.embedded_documents(TATOEBA, UDHR)
+    assert len({d.lang for d in sample}) > 20 and all(d.text for d in sample)
+
+
+def test_streamed_documents_read_pinned_revisions(monkeypatch):
+    calls = []
+
+    def load_dataset(name, config, split, streaming, revision):
+        calls.append((name, config, split, streaming, revision))
+        return iter([{"text": f"{config} one"}, {"text": "  "}, {"text": f"{config} two"},
+                     {"text": f"{config} three"}])
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    sources = [{"dataset": "HuggingFaceFW/fineweb-2", "revision": "abc123",
+                "configs": {"fra": "fra_Latn", "deu": "deu_Latn"}, "max_documents": 3},
+               {"dataset": "wikimedia/wikipedia", "revision": "def456", "configs": {"fra": "20231101.fr"},
+                "max_documents": 5, "max_chars": 30}]
+    docs = list(data.streamed_documents(sources))
+    assert calls == [("HuggingFaceFW/fineweb-2", "deu_Latn", "train", True, "abc123"),
+                     ("HuggingFaceFW/fineweb-2", "fra_Latn", "train", True, "abc123"),
+                     ("wikimedia/wikipedia", "20231101.fr", "train", True, "def456")]
+    assert [(d.lang, d.text) for d in docs] == [
+        ("deu", "deu_Latn one"), ("deu", "deu_Latn two"),  # 3 rows read, the blank one skipped
+        ("fra", "fra_Latn one"), ("fra", "fra_Latn two"),
+        ("fra", "20231101.fr one"), ("fra", "20231101.fr two")]  # 30 characters cap the third
+    with pytest.raises(ValueError, match="pinned revision"):
+        list(data.streamed_documents([{"dataset": "x", "revision": "", "configs": {"fra": "f"}}]))
+
+
+# --- training --------------------------------------------------------------------------------------------
+
+def test_training_config_defaults_keys_and_schedule():
+    config = train.TrainingConfig.from_dict({"steps": 10, "warmup": 2, "lr": 1.0})
+    assert [config.lr_at(s) for s in (0, 1, 2)] == [0.5, 1.0, 1.0]
+    assert config.lr_at(6) == pytest.approx(0.5)  # linear: halfway through the 8 decay steps
+    cosine = train.TrainingConfig.from_dict({"steps": 10, "warmup": 2, "lr": 1.0, "schedule": "cosine",
+                                             "min_lr_ratio": 0.2})
+    assert cosine.lr_at(6) == pytest.approx(0.6)
+    chunked = train.TrainingConfig.from_dict({**dataclasses.asdict(cosine), "chunk_steps": 5})
+    assert cosine.identity() == chunked.identity()  # chunks do not change the run
+    with pytest.raises(ValueError, match="unknown keys"):
+        train.TrainingConfig.from_dict({"stepz": 3})
+
+
+def _run(teacher_dir: Path, workdir: Path, chunk_steps: int = 0, **overrides) -> list[train.Status]:
+    docs = data.embedded_documents(TATOEBA, UDHR)
+    config = dict(TINY_RUN, chunk_steps=chunk_steps, **overrides)
+    statuses = []
+    while not statuses or not statuses[-1].done:
+        statuses.append(train.distill(teacher_dir, docs, TINY_STUDENT, config, workdir / "checkpoint.pt",
+                                      workdir / "student.pt"))
+        assert len(statuses) < 20
+    return statuses
+
+
+def _states(workdir: Path) -> tuple[dict, dict]:
+    saved = torch.load(workdir / "student.pt", weights_only=True)
+    checkpoint = torch.load(workdir / "checkpoint.pt", weights_only=True)
+    return saved, checkpoint
+
+
+def test_resumed_chunks_give_the_uninterrupted_weights_bit_for_bit(tiny_exports, tmp_path):
+    teacher = tiny_exports["bert-tiny"]
+    whole, chunked = tmp_path / "whole", tmp_path / "chunked"
+    assert [s.done for s in _run(teacher, whole)] == [True]
+    statuses = _run(teacher, chunked, chunk_steps=2)
+    assert [(s.done, s.step, s.exit_code) for s in statuses] == [(False, 2, 75), (False, 4, 75), (True, 6, 0)]
+    (saved_a, check_a), (saved_b, check_b) = _states(whole), _states(chunked)
+    for a, b in ((saved_a["state_dict"], saved_b["state_dict"]), (check_a["student"], check_b["student"]),
+                 (check_a["objective"], check_b["objective"])):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert saved_a["rows"] == saved_b["rows"]
+    assert [r["step"] for r in saved_a["rows"]] == [2, 4, 6]
+    assert [c["last_step"] for c in check_b["chunks"]] == [2, 4, 6]
+    train.write_log(saved_a["rows"], tmp_path / "training.csv")
+    table = tables.read_csv(tmp_path / "training.csv")
+    assert list(table[0]) == list(train.LOG_COLUMNS)
+    assert float(table[-1]["loss"]) == saved_a["rows"][-1]["loss"]
+    # The EMA student loads as a post-norm encoder with the factorised table and runs.
+    encoder, record = train.load_student(whole / "student.pt")
+    assert record["layer_map"] == [1, 2] and encoder.settings.embedding_width == 8
+    out = encoder(torch.tensor([[2, 5, 6, 3]]), torch.ones(1, 4, dtype=torch.long))
+    assert out.shape == (1, 4, 16) and torch.isfinite(out).all()
+    # Another run's settings do not resume this checkpoint.
+    with pytest.raises(train.CheckpointError, match="lr"):
+        train.distill(teacher, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT,
+                      dict(TINY_RUN, lr=1e-3), chunked / "checkpoint.pt", chunked / "other.pt")
+
+
+_RANK = """
+import json, os
+import torch.distributed as dist
+from encoder_study.distill import data, train
+args = json.loads(os.environ["DISTILL_TEST"])
+docs = data.embedded_documents(args["tatoeba"], args["udhr"])
+right = train.shard
+for name, shard in (("right", right), ("wrong", lambda rank, world: slice(0, None, world))):
+    train.shard = shard  # "wrong": every rank takes rank 0's windows
+    out = os.path.join(args["dir"], name)
+    os.makedirs(out, exist_ok=True)
+    train.distill(args["teacher"], docs, args["student"], args["run"], os.path.join(out, "checkpoint.pt"),
+                  os.path.join(out, "student.pt"))
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_ranks(teacher: Path, workdir: Path) -> tuple[dict, dict]:
+    """Checkpoints of two runs on two gloo ranks (one process group): right and wrong sharding."""
+    args = {"teacher": str(teacher), "tatoeba": str(TATOEBA), "udhr": str(UDHR), "student": TINY_STUDENT,
+            "run": TINY_RUN, "dir": str(workdir)}
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, DISTILL_TEST=json.dumps(args), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, "-c", _RANK], env=env, stderr=subprocess.PIPE,
+                                      text=True))
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    right, wrong = (torch.load(workdir / name / "checkpoint.pt", weights_only=True)
+                    for name in ("right", "wrong"))
+    return right, wrong
+
+
+def test_two_ranks_match_one_process_over_the_global_batch(tiny_exports, tmp_path):
+    """Two gloo processes, each with half of every batch, train the weights one process trains.
+
+    Tolerance 1e-6: the ranks sum their halves' gradients (each a sum over its own tokens) where one
+    process sums all tokens at once, so float additions happen in another order; nothing else differs.
+    Taking the wrong windows (both ranks rank 0's) moves the weights by far more.
+    """
+    teacher = tiny_exports["bert-tiny"]
+    one = tmp_path / "one"
+    _run(teacher, one)
+    _, single = _states(one)
+    double, wrong = _two_ranks(teacher, tmp_path / "two")
+    diffs = {k: (single["student"][k] - double["student"][k]).abs().max().item() for k in single["student"]}
+    diffs.update({f"map.{k}": (single["objective"][k] - double["objective"][k]).abs().max().item()
+                  for k in single["objective"]})
+    worst = max(diffs.values())
+    print(f"two ranks vs one process: max abs difference {worst:.3g} ({max(diffs, key=diffs.get)})")
+    assert worst < 1e-6
+    assert double["fingerprint"]["world_size"] == 2
+    assert [r["tokens"] for r in double["rows"]] == [r["tokens"] for r in single["rows"]]
+    for a, b in zip(single["rows"], double["rows"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    wrong_diff = max((single["student"][k] - wrong["student"][k]).abs().max().item()
+                     for k in single["student"])
+    print(f"with the wrong windows: {wrong_diff:.3g}")
+    assert wrong_diff > 1e-4
