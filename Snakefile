@@ -17,7 +17,9 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/parity.smk"
 include: "workflow/rules/tagging.smk"
+include: "workflow/rules/writeback.smk"
 include: "workflow/rules/retrieval.smk"
+include: "workflow/rules/student.smk"
 include: "workflow/rules/provenance.smk"
 
 
@@ -33,4 +35,6 @@ rule all:
         rules.export.input,
         rules.parity.input,
         rules.en_tagging.input,
+        rules.writeback.input,
         rules.retrieval.input,
+        rules.student.input,

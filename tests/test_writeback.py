@@ -16,6 +16,12 @@ from encoder_study import acquire, export, manifest, trainable, writeback
 from encoder_study.writeback import WritebackError
 
 TINY = ["bert-tiny", "xlmr-tiny", "modernbert-tiny"]
+FAMILIES = [*TINY, "minilm"]  # the tiny families and a real pretrained BERT
+
+
+@pytest.fixture(scope="module")
+def exports(tiny_exports, minilm_export):
+    return {**tiny_exports, "minilm": minilm_export}
 
 
 def graph_path(exports, name):
@@ -54,9 +60,9 @@ def only(directory, *names):
     return sorted(p.name for p in directory.iterdir()) == sorted(names)
 
 
-@pytest.mark.parametrize("name", TINY)
-def test_unchanged_weights_give_the_same_bytes(tiny_exports, tmp_path, name):
-    src = graph_path(tiny_exports, name)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_unchanged_weights_give_the_same_bytes(exports, tmp_path, name):
+    src = graph_path(exports, name)
     encoder = trainable.load(src)
     encoder.embeddings_frozen = False  # the token table too
     replacements = writeback.module_weights_to_graph(encoder, src)
@@ -70,14 +76,15 @@ def test_unchanged_weights_give_the_same_bytes(tiny_exports, tmp_path, name):
     assert (tmp_path / "again.onnx").read_bytes() == src.read_bytes()
 
 
-@pytest.mark.parametrize("name", TINY)
-def test_perturbed_weights_give_the_modules_states(tiny_exports, tmp_path, name):
-    src = graph_path(tiny_exports, name)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_perturbed_weights_give_the_modules_states(exports, tmp_path, name):
+    src = graph_path(exports, name)
     encoder = perturbed(src)
     replacements = writeback.module_weights_to_graph(encoder, src)
     out = tmp_path / "out.onnx"
     report = writeback.patch(src, out, replacements)
     assert report.rewritten and not report.unchanged
+    assert any(n.endswith(("word_embeddings.weight", "tok_embeddings.weight")) for n in report.rewritten)
     max_abs = max_abs_against_ort(encoder, out)
     print(f"{name}: ONNX Runtime on the written graph vs modules, max abs {max_abs:.3g}")
     assert max_abs < 1e-5
@@ -298,3 +305,117 @@ def test_failed_patch_keeps_an_existing_output(bert, tmp_path):
         writeback.patch(src, out, {BIAS: np.zeros(3, np.float32)})
     assert out.read_bytes() == src.read_bytes()
     assert only(tmp_path, "out.onnx")
+
+
+# -- hostile files ----------------------------------------------------------------------------------------
+
+def _swap(data: bytes, old: bytes, new: bytes) -> bytes:
+    """`data` with the one occurrence of `old` replaced by `new` of the same length (offsets all kept)."""
+    assert len(old) == len(new) and data.count(old) == 1
+    return data.replace(old, new)
+
+
+def test_refuses_nested_garbage(bert, tmp_path):
+    """Every length is right, the garbage is inside: in a tensor's name field, in a node, in a data field."""
+    src, arrays = bert
+    data = src.read_bytes()
+    name_field = b"\x42" + writeback._encode_varint(len(BIAS)) + BIAS.encode()  # TensorProto.name (8)
+    bad = tmp_path / "tensor.onnx"
+    bad.write_bytes(_swap(data, name_field, b"\x47" + name_field[1:]))  # wire type 7 does not exist
+    refused(bad, {BIAS: arrays[BIAS] + 1}, tmp_path, "wire type 7")
+
+    node = next(n for n in onnx.load(str(src)).graph.node if n.op_type == "MatMul")
+    named = b"\x1a" + writeback._encode_varint(len(node.name)) + node.name.encode()  # NodeProto.name (3)
+    op_field = named + b"\x22\x06MatMul"  # then op_type (4), here given wire type 6
+    bad.write_bytes(_swap(data, op_field, named + b"\x26" + op_field[len(named) + 1:]))
+    refused(bad, {BIAS: arrays[BIAS] + 1}, tmp_path, "wire type 6")
+
+    raw = arrays[BIAS].tobytes()
+    raw_field = b"\x4a" + writeback._encode_varint(len(raw)) + raw
+    # raw_data as a varint (0), then unknown varint fields (number 20) that keep every length.
+    filler = len(raw_field) - 2
+    unknown = b"\xa0\x01\x00" * (filler // 3 - 1) + {3: b"\xa0\x01\x00", 4: b"\xa0\x01\x80\x00",
+                                                     5: b"\xa0\x01\x80\x80\x00"}[3 + filler % 3]
+    bad.write_bytes(_swap(data, raw_field, b"\x48\x05" + unknown))
+    refused(bad, {BIAS: arrays[BIAS] + 1}, tmp_path, "data field 9 .* wire type 0")
+
+
+@pytest.mark.parametrize("data, match", [
+    (b"\x80" * 11, "runs past its message or past 10 bytes"),
+    (b"\x02\x00", "field number 0"),
+    (b"\x3a\xff\xff\xff\xff\x0f", "needs 4294967301 bytes"),  # a graph of 4 GiB in a 6-byte file
+    (b"\x3a\x00", "no opset_import"),
+    (b"\x38\x01\x42\x00", "the graph at byte 0 has wire type 0"),
+])
+def test_refuses_broken_framing(tmp_path, data, match):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(data)
+    refused(bad, {}, tmp_path, match)
+
+
+def test_field_and_node_limits(bert, fresh, tmp_path, monkeypatch):
+    src, arrays = bert
+    monkeypatch.setattr(writeback, "MAX_FIELDS", 10)
+    refused(src, {BIAS: arrays[BIAS] + 1}, tmp_path, "more than 10 fields")
+    monkeypatch.undo()
+    # Nodes over MAX_NODE are copied, never parsed: their Identity names are then unknown, stored names work.
+    identity = next(n for n in onnx.load(str(fresh)).graph.node if n.op_type == "Identity")
+    monkeypatch.setattr(writeback, "MAX_NODE", 4)
+    stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(fresh)).graph.initializer}
+    refused(fresh, {identity.output[0]: stored[identity.input[0]]}, tmp_path, "neither an initializer")
+    writeback.patch(fresh, tmp_path / "same.onnx", {identity.input[0]: stored[identity.input[0]]})
+    assert (tmp_path / "same.onnx").read_bytes() == fresh.read_bytes()
+
+
+def _identity_graph(path, nodes, value):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                              initializer=[numpy_helper.from_array(value, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_identity_cycles_and_long_chains(tmp_path):
+    from onnx import helper
+
+    value = np.array([1.0, 2.0], np.float32)
+    cycle = _identity_graph(tmp_path / "cycle.onnx", [helper.make_node("Identity", ["b"], ["a"]),
+                                                      helper.make_node("Identity", ["a"], ["b"])], value)
+    refused(cycle, {"a": value}, tmp_path, "'a' is neither an initializer nor an Identity of one")
+    writeback.patch(cycle, tmp_path / "w.onnx", {"w": value + 1})  # the cycle reads no weight
+
+    n = 20_000  # longer than Python's recursion limit
+    nodes = [helper.make_node("Identity", [f"a{i - 1}" if i else "w"], [f"a{i}"]) for i in range(n)]
+    chain = _identity_graph(tmp_path / "chain.onnx", nodes, value)
+    refused(chain, {"w": value + 1}, tmp_path, "'a0' reads the same stored tensor 'w'")
+    report = writeback.patch(chain, tmp_path / "end.onnx", {f"a{n - 1}": value + 1})
+    assert report.materialized == [f"a{n - 1}"]
+    writeback.patch(chain, tmp_path / "same.onnx", {f"a{n - 1}": value, "a5": value})
+    assert (tmp_path / "same.onnx").read_bytes() == chain.read_bytes()
+
+
+# -- the fuzz target ------------------------------------------------------------------------------------
+
+def test_the_fuzz_target_runs_without_a_finding(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    try:
+        import atheris  # noqa: F401
+    except ImportError:
+        pytest.fail("the test set-up installs atheris (envs/test.txt); it is missing")
+    target = ROOT / "fuzz" / "writeback_reader.py"
+    corpus = tmp_path / "corpus"
+    subprocess.run([sys.executable, str(target), "--make-seeds", str(corpus)], check=True,
+                   capture_output=True)
+    result = subprocess.run([sys.executable, str(target), str(corpus), "-runs=2000", "-seed=1",
+                             "-max_len=4096", f"-artifact_prefix={tmp_path}/"],
+                            capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "Done 2000 runs" in output
+    assert not list(tmp_path.glob("crash-*")) and not list(tmp_path.glob("timeout-*"))

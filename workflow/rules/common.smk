@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -83,6 +84,13 @@ def _model_specs(entries):
 
 MODEL_SPECS = _model_specs(config["models"])
 MODELS = sorted(MODEL_SPECS)
+# The distilled student is a model too (tagging runs may name it), built by the student recipe.
+STUDENT = config["student"]["name"]
+if STUDENT in MODEL_SPECS:
+    raise WorkflowError(f"config: student.name '{STUDENT}' is also in `models`; give the student another name")
+if config["student"]["teacher"] not in MODEL_SPECS:
+    raise WorkflowError(f"config: student.teacher '{config['student']['teacher']}' is not in `models` "
+                        f"(it has: {', '.join(MODELS)})")
 
 
 def is_download(name):
@@ -115,9 +123,9 @@ def url_suffix(url):
 
 def model_files(model):
     """The files of an export (graph, tokenizer, config, manifest) and the source it came from."""
-    return [f"results/models/{model}/{name}"
-            for name in ("model.onnx", "tokenizer.json", "model.config.json", "export.json")] + [
-        f"results/sources/{model}/source.json"]
+    files = [f"results/models/{model}/{name}"
+             for name in ("model.onnx", "tokenizer.json", "model.config.json", "export.json")]
+    return files if model == STUDENT else files + [f"results/sources/{model}/source.json"]
 
 
 def _runs(entries):
@@ -125,9 +133,9 @@ def _runs(entries):
     for entry in entries:
         if entry["name"] in runs:
             raise WorkflowError(f"config: tagging.runs lists '{entry['name']}' twice; names must be unique")
-        if entry["model"] not in MODEL_SPECS:
+        if entry["model"] not in MODEL_SPECS and entry["model"] != STUDENT:
             raise WorkflowError(f"config: tagging run '{entry['name']}' names model '{entry['model']}', "
-                                f"which `models` does not list (it has: {', '.join(MODELS)})")
+                                f"which is neither in `models` ({', '.join(MODELS)}) nor the student ('{STUDENT}')")
         runs[entry["name"]] = entry
     return runs
 
@@ -157,3 +165,35 @@ for _a, _b in config["tagging"]["comparisons"]:
     for _name in (_a, _b):
         if _name != "baseline" and _name not in RUNS:
             raise WorkflowError(f"config: tagging.comparisons names '{_name}', which is not a run")
+
+
+# -- the student recipe ---------------------------------------------------------------------------
+
+STUDENT_CFG = config["student"]
+STUDENT_DIR = f"results/models/{STUDENT}"
+STUDENT_WEIGHTS = "results/student/student.pt"
+
+
+def student_corpus_inputs(wildcards):
+    """The embedded corpus's files (the texts section's sources); streamed datasets have none."""
+    if STUDENT_CFG["corpus"]["source"] != "texts":
+        return []
+    return text_source_files("tatoeba") + text_source_files("udhr")
+
+
+def student_corpus_options():
+    corpus = STUDENT_CFG["corpus"]
+    if corpus["source"] == "texts":
+        return f"--tatoeba {shlex.quote(text_source('tatoeba'))} --udhr {shlex.quote(text_source('udhr'))}"
+    options = f"--streams {shlex.quote(json.dumps(corpus['streams'], sort_keys=True))}"
+    if corpus.get("amounts"):
+        options += f" --amounts {shlex.quote(json.dumps(corpus['amounts'], sort_keys=True))}"
+    return options
+
+
+def student_launcher():
+    """One process runs the command itself; several run it under torchrun (data parallel)."""
+    processes = int(STUDENT_CFG["processes"])
+    if processes == 1:
+        return "encoder-study"
+    return f"PYTHONHASHSEED=0 torchrun --standalone --nproc-per-node {processes} -m encoder_study.cli"

@@ -2,36 +2,6 @@
 # every other encoder into results/models/<student>, and checked against PyTorch. The tagging and
 # write-back recipes use it as a model. Library: encoder_study.student (CLI) over encoder_study.distill.
 
-STUDENT_CFG = config["student"]
-STUDENT_DIR = f"results/models/{STUDENT}"
-STUDENT_WEIGHTS = "results/student/student.pt"
-
-
-def student_corpus_inputs(wildcards):
-    """The embedded corpus's files (the texts section's sources); streamed datasets have none."""
-    if STUDENT_CFG["corpus"]["source"] != "texts":
-        return []
-    return text_source_files("tatoeba") + text_source_files("udhr")
-
-
-def student_corpus_options():
-    corpus = STUDENT_CFG["corpus"]
-    if corpus["source"] == "texts":
-        return f"--tatoeba {shlex.quote(text_source('tatoeba'))} --udhr {shlex.quote(text_source('udhr'))}"
-    options = f"--streams {shlex.quote(json.dumps(corpus['streams'], sort_keys=True))}"
-    if corpus.get("amounts"):
-        options += f" --amounts {shlex.quote(json.dumps(corpus['amounts'], sort_keys=True))}"
-    return options
-
-
-def student_launcher():
-    """One process runs the command itself; several run it under torchrun (data parallel)."""
-    processes = int(STUDENT_CFG["processes"])
-    if processes == 1:
-        return "encoder-study"
-    return f"PYTHONHASHSEED=0 torchrun --standalone --nproc-per-node {processes} -m encoder_study.cli"
-
-
 rule distill_student:
     input:
         teacher=model_files(STUDENT_CFG["teacher"]),
@@ -44,7 +14,7 @@ rule distill_student:
         prov=prov("student", "distill_student"),
     params:
         launcher=student_launcher(),
-        teacher_dir=f"results/models/{STUDENT_CFG['teacher']}",
+        teacher_dir=lambda wc, input: os.path.dirname(input.teacher[0]),
         corpus=student_corpus_options(),
         student=json.dumps(STUDENT_CFG["architecture"], sort_keys=True),
         training=json.dumps(STUDENT_CFG["training"], sort_keys=True),
@@ -84,8 +54,8 @@ rule export_student:
         manifest=f"{STUDENT_DIR}/export.json",
         prov=prov("student", "export_student"),
     params:
-        teacher_dir=f"results/models/{STUDENT_CFG['teacher']}",
-        out_dir=STUDENT_DIR,
+        teacher_dir=lambda wc, input: os.path.dirname(input.teacher[0]),
+        out_dir=lambda wc, output: os.path.dirname(output.onnx),
         name=STUDENT,
         opset=config["export"]["opset"],
         tolerance=config["export"]["tolerance"],
@@ -116,6 +86,7 @@ rule student_parity:
         markdown="results/student/parity.md",
         prov=prov("student", "student_parity"),
     params:
+        export_dir=lambda wc, input: os.path.dirname(input.model[0]),
         threads=threads_for("student_parity"),
     threads: slots_for("student_parity")
     log:
@@ -125,7 +96,7 @@ rule student_parity:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study student parity --student {input.weights:q} --export-dir " + STUDENT_DIR +
+        "encoder-study student parity --student {input.weights:q} --export-dir {params.export_dir:q}"
         " --texts {input.texts:q} --out {output.table:q} --threads {params.threads}"
         " --provenance {output.prov:q} > {log:q} 2>&1"
 

@@ -58,10 +58,14 @@ class FrozenEncoder:
 
     `max_length` counts the special tokens and is capped at the model's positions. `threads` is
     capped at os.cpu_count(). `windows_run` counts the windows actually sent to the model.
+    `graph`, when given, is the ONNX file to run instead of the directory's model.onnx: a copy of it
+    with other weights (`writeback`), read with the directory's tokenizer and config. The caller
+    vouches for that file (a saved pipeline checks its SHA-256); the directory is verified as usual.
     """
 
     def __init__(self, model_dir: str | os.PathLike, pooling: str = "mean", max_length: int = 512,
-                 batch_size: int = 8, threads: int = 1, optimization: str = "all"):
+                 batch_size: int = 8, threads: int = 1, optimization: str = "all",
+                 graph: str | os.PathLike | None = None):
         check_pooling(pooling)
         if optimization not in OPTIMIZATIONS:
             raise ValueError(f"optimization must be one of {list(OPTIMIZATIONS)}, got {optimization!r}")
@@ -86,7 +90,7 @@ class FrozenEncoder:
         self.pad_id = int(pad) if pad is not None else 0
         self.width = int(self.config["hidden_size"])
 
-        onnx_path = self.model_dir / manifest.ONNX_FILE
+        onnx_path = self.graph = self.model_dir / manifest.ONNX_FILE if graph is None else Path(graph)
         self.session = ort_session(onnx_path, self.threads, optimization)
         inputs = [i.name for i in self.session.get_inputs()]
         outputs = [o.name for o in self.session.get_outputs()]
@@ -106,6 +110,7 @@ class FrozenEncoder:
         return {
             "model": self.manifest.get("model"),
             "model_dir": str(self.model_dir),
+            "graph": str(self.graph),
             "files": {e["path"]: e["sha256"] for e in self.manifest.get("files", [])},
             "pooling": self.pooling,
             "max_length": self.max_length,

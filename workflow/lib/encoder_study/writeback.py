@@ -276,6 +276,10 @@ def _index(source: _Source) -> _Index:
 def _old_value(source: _Source, t: _Tensor) -> np.ndarray:
     """The stored float32 values of `t` (raw_data or float_data), checked against its dims."""
     data = [f for f in t.parts if f.number in (4, 9)]
+    for f in data:  # raw_data is bytes; float_data is packed (bytes) or one fixed32 per entry
+        if f.wire not in ((LENGTH,) if f.number == 9 else (LENGTH, FIXED32)):
+            raise source.malformed(f"tensor {t.name!r}: data field {f.number} at byte {f.start} has wire "
+                                   f"type {f.wire}")
     chunks = []
     for f in data:
         if f.number == 9 or f.wire == LENGTH:
@@ -285,7 +289,10 @@ def _old_value(source: _Source, t: _Tensor) -> np.ndarray:
     raw = b"".join(chunks)
     if len(raw) != 4 * t.count:
         raise source.malformed(f"tensor {t.name!r} has {len(raw)} bytes of data for dims {t.dims}")
-    return np.frombuffer(raw, dtype="<f4").reshape(t.dims)
+    try:
+        return np.frombuffer(raw, dtype="<f4").reshape(t.dims)
+    except ValueError as err:  # an empty tensor with a dimension numpy cannot hold ([2**62, 0])
+        raise source.malformed(f"tensor {t.name!r} has dims {t.dims} ({err})") from err
 
 
 # -- writing --------------------------------------------------------------------------------------
@@ -366,17 +373,25 @@ def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
                                  "(the graph's weights are float32)")
         values[name] = np.ascontiguousarray(array, dtype="<f4")
 
+    roots: dict[str, str | None] = {}  # name -> its stored initializer (None: none); each chain walked once
+
     def root(name: str) -> str:
         """The stored initializer `name` reads, following Identity nodes."""
-        seen = set()
-        while name not in index.tensors:
-            if name not in index.identity or name in seen:
-                raise WritebackError(
-                    f"{path}: {name!r} is neither an initializer nor an Identity of one in this graph; give "
-                    "the graph's own names (module_weights_to_graph(encoder, graph) gives them)")
-            seen.add(name)
-            name = index.identity[name].inputs[0]
-        return name
+        chain, seen, at = [], set(), name
+        while at not in index.tensors and at not in roots:
+            if at not in index.identity or at in seen:
+                break
+            chain.append(at)
+            seen.add(at)
+            at = index.identity[at].inputs[0]
+        found = at if at in index.tensors else roots.get(at)
+        for link in chain:
+            roots[link] = found
+        if found is None:
+            raise WritebackError(
+                f"{path}: {name!r} is neither an initializer nor an Identity of one in this graph; give "
+                "the graph's own names (module_weights_to_graph(encoder, graph) gives them)")
+        return found
 
     old_cache: dict[str, np.ndarray] = {}
 
@@ -386,13 +401,19 @@ def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
             old_cache[stored] = _old_value(source, index.tensors[stored])
         return old_cache[stored]
 
+    finals: dict[str, np.ndarray | None] = {}
+
     def final(name: str) -> np.ndarray | None:
         """What `name` reads after the patch; None when that is its unchanged stored value."""
-        if name in values:
-            return values[name]
-        if name in index.tensors:
-            return None
-        return final(index.identity[name].inputs[0])
+        # A loop, not recursion, and memoised: a hostile file can chain many Identity nodes.
+        chain, at = [], name
+        while at not in values and at not in index.tensors and at not in finals:
+            chain.append(at)
+            at = index.identity[at].inputs[0]
+        found = values[at] if at in values else finals.get(at)
+        for link in chain:
+            finals[link] = found
+        return found
 
     for name, array in values.items():
         if name in index.tensors and name in index.identity:

@@ -1,18 +1,30 @@
 """The saved pipeline: a tagger's settings and weights in one safetensors file, the encoder referenced.
 
-    save(tagger, "results/tagging/run/pipeline.safetensors", training={...})
+    save(tagger, "results/writeback/run/pipeline.safetensors")   # fine-tuned: + pipeline.encoder0.onnx
+    save(tagger, "results/tagging/run/pipeline.safetensors", training={...}, export_graphs=False)
     tagger = load("results/tagging/run/pipeline.safetensors")                    # the recorded model dir
     tagger = load("pipeline.safetensors", model_dir="results/models/minilm")     # or one given here
 
-Kinds (as in the seed's table):
+What a file holds, by kind and format:
 
-| kind | encoder | weights in the file |
-|---|---|---|
-| `transformer` | `FrozenEncoder` (ONNX Runtime, frozen) | the head only |
-| `transformer-trainable` | `TrainableEncoder` (fine-tuned) | the head and the layers, not the frozen table |
+| kind | format | encoder on load | weights in the file |
+|---|---|---|---|
+| `transformer` | /1 | `FrozenEncoder` on the export's model.onnx | the head only |
+| `transformer` | /2 | `FrozenEncoder` on `<stem>.encoder0.onnx` beside the file | the head only |
+| `transformer-trainable` | /1 | `TrainableEncoder` (trains on) | the head, the layers (no frozen table) |
 
-Both reference the exported model's files (model.onnx, tokenizer.json, model.config.json) by plain
-file name and SHA-256. The directory they are read from is the one given to `load`, else the one
+A tagger whose encoder is fine-tuned is saved, by default, as format /2: its weights are written into a
+copy of the graph they were read from (`writeback.patch`), `<stem>.encoder0.onnx` beside the pipeline
+file (stem: the file name without its suffix), and the pipeline file refers to it by that plain file
+name and its SHA-256. It loads as a frozen encoder in ONNX Runtime with the pooling and max length the
+run used, several times faster than the trainable modules, and no longer trains. The two files travel
+together: a missing or changed graph is refused, naming both files. `export_graphs=False` keeps the
+weights inside the file (format /1, as before /2 existed), which loads as a trainable encoder again.
+Files without a written graph stay format /1, so code that predates /2 still reads them and refuses
+the /2 files it could not run correctly.
+
+Every file references the exported model's files (model.onnx, tokenizer.json, model.config.json) by
+plain file name and SHA-256. The directory they are read from is the one given to `load`, else the one
 recorded at save time as a path relative to the pipeline file's own directory (so a results tree
 moved as a whole still loads). Loading hashes each referenced file and refuses a mismatch, naming the
 file and both SHA-256. The trainable kind reads the token table from model.onnx again, which is why
@@ -23,23 +35,31 @@ bytes are a function of the content alone: a JSON header listing the tensors in 
 their raw little-endian data. torch.save writes a zip of pickles whose bytes depend on how Python
 pickles and on storage bookkeeping, so equal weights need not give equal files. The settings are one
 JSON string (sorted keys) under the single metadata key `encoder_study.pipeline`; one key, because
-the header's metadata is a map whose order the library does not promise.
+the header's metadata is a map whose order the library does not promise. The written graph is a
+function of the weights too (`writeback.patch` copies every other byte), so equal weights give equal
+bytes in both files.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .. import files
+from .. import files, manifest
 from ..frozen import FrozenEncoder
 from ..trainable.words import TrainableEncoder
 from .tagger import KINDS, MODEL_FILES, Tagger
 
-FORMAT = "encoder_study.tagging.pipeline/1"
+FORMAT = "encoder_study.tagging.pipeline/1"  # weights inline, or the export's own graph
+GRAPH_FORMAT = "encoder_study.tagging.pipeline/2"  # the encoder is a written graph beside the file
+FORMATS = (FORMAT, GRAPH_FORMAT)
+GRAPH_SUFFIX = ".encoder0.onnx"  # one encoder per tagger: always number 0
+GRAPH_WINDOW_BATCH = 8  # windows per ONNX Runtime call for a written graph (the frozen runs' default)
 METADATA_KEY = "encoder_study.pipeline"
 FILE_NAME = "pipeline.safetensors"
 HEAD = "head."
@@ -76,39 +96,111 @@ def _join_tensors(value, tensors: dict):
     return value
 
 
-def describe(tagger: Tagger, model_dir_relative: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(settings, tensors) of a pipeline file for `tagger`."""
+def graph_name(path: str | os.PathLike) -> str:
+    """The written graph's name for a pipeline file: `pipeline.safetensors` -> `pipeline.encoder0.onnx`."""
+    return Path(path).stem + GRAPH_SUFFIX
+
+
+def _written_graph(encoder) -> Path | None:
+    """The graph a frozen encoder runs when it is not its export's own model.onnx (a loaded /2 file)."""
+    if isinstance(encoder, FrozenEncoder) and encoder.graph != encoder.model_dir / manifest.ONNX_FILE:
+        return encoder.graph
+    return None
+
+
+def describe(tagger: Tagger, model_dir_relative: str, graph: dict | None = None
+             ) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(settings, tensors) of a pipeline file for `tagger`; with `graph` ({file, sha256, bytes} of a
+    written graph) the encoder is that graph, whatever kind it was."""
     encoder = tagger.encoder
     tensors = {HEAD + name: t.detach().contiguous().clone() for name, t in tagger.head.state_dict().items()}
     reference = {"model": encoder.manifest.get("model"), "files": tagger.encoder_files(),
                  "model_dir": model_dir_relative}
-    if tagger.trainable_encoder:
+    kind, form = tagger.kind, FORMAT
+    if graph is not None:
+        # The settings a frozen encoder needs to give the words the run gave: same pooling, same windows.
+        kind, form, reference["graph"] = "transformer", GRAPH_FORMAT, graph
+        frozen = isinstance(encoder, FrozenEncoder)
+        settings = {"pooling": encoder.pooling, "max_length": encoder.max_length_requested,
+                    "batch_size": encoder.batch_size if frozen else GRAPH_WINDOW_BATCH,
+                    "optimization": encoder.optimization if frozen else "all"}
+    elif tagger.trainable_encoder:
         checkpoint = _split_tensors(encoder.checkpoint(), ENCODER.rstrip("/"), tensors)
         settings = {"checkpoint": checkpoint, "max_batch_pieces": encoder.max_batch_pieces}
     else:
         settings = {"pooling": encoder.pooling, "max_length": encoder.max_length_requested,
                     "batch_size": encoder.batch_size, "optimization": encoder.optimization}
-    return {"format": FORMAT, "kind": tagger.kind, "tags": list(tagger.tags), "width": encoder.width,
+    return {"format": form, "kind": kind, "tags": list(tagger.tags), "width": encoder.width,
             "pooling": encoder.pooling, "encoder": {**reference, "settings": settings}}, tensors
 
 
-def save(tagger: Tagger, path: str | os.PathLike, training: dict | None = None) -> Path:
+@dataclass
+class Saved:
+    """What `write` wrote: the pipeline file, and the graph beside it with the patch's report."""
+
+    path: Path
+    graph: Path | None = None
+    report: object | None = None  # writeback.PatchReport when weights were written into a graph
+
+
+def save(tagger: Tagger, path: str | os.PathLike, training: dict | None = None,
+         export_graphs: bool = True) -> Path:
     """Write the pipeline atomically; `training` (JSON-ready) is kept in the settings for provenance.
 
-    Equal weights and settings give equal bytes.
+    A fine-tuned encoder goes into `<stem>.encoder0.onnx` beside `path` unless `export_graphs` is
+    False (then its weights stay in the file); see the module docstring. Equal weights and settings
+    give equal bytes.
     """
+    return write(tagger, path, training, export_graphs).path
+
+
+def write(tagger: Tagger, path: str | os.PathLike, training: dict | None = None,
+          export_graphs: bool = True) -> Saved:
+    """`save`, returning what was written (the graph and the patch report too)."""
     from safetensors.torch import save as to_bytes
 
     path = Path(path)
     relative = Path(os.path.relpath(Path(tagger.encoder.model_dir).resolve(), path.resolve().parent))
-    settings, tensors = describe(tagger, relative.as_posix())
-    if training is not None:
-        settings["training"] = training
-    text = json.dumps(settings, sort_keys=True, ensure_ascii=False)
-    data = to_bytes(tensors, metadata={METADATA_KEY: text})
-    with files.atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-    return path
+    source = _written_graph(tagger.encoder)  # a written graph can only be copied: there are no modules
+    if source is None and not (tagger.trainable_encoder and export_graphs):
+        settings, tensors = describe(tagger, relative.as_posix())
+        if training is not None:
+            settings["training"] = training
+        data = to_bytes(tensors, metadata={METADATA_KEY: json.dumps(settings, sort_keys=True,
+                                                                     ensure_ascii=False)})
+        with files.atomic_path(path) as tmp:
+            tmp.write_bytes(data)
+        return Saved(path)
+
+    target = path.with_name(graph_name(path))
+    report = None
+    # Both files under temporary names until both are complete. The contexts close in reverse: the
+    # graph is renamed first, so a pipeline file never exists without its graph, and a failure before
+    # the renames (the patch refused, the pipeline not serialisable) leaves neither file behind.
+    with files.atomic_path(path) as pipeline_tmp, files.atomic_path(target) as graph_tmp:
+        if source is None:
+            report = _patch(tagger.encoder, graph_tmp)
+        else:
+            shutil.copyfile(source, graph_tmp)
+        graph = {"file": target.name, "sha256": files.sha256_file(graph_tmp),
+                 "bytes": graph_tmp.stat().st_size}
+        settings, tensors = describe(tagger, relative.as_posix(), graph)
+        if training is not None:
+            settings["training"] = training
+        text = json.dumps(settings, sort_keys=True, ensure_ascii=False)
+        pipeline_tmp.write_bytes(to_bytes(tensors, metadata={METADATA_KEY: text}))
+    return Saved(path, target, report)
+
+
+def _patch(encoder: TrainableEncoder, target: Path):
+    """Write the encoder's weights into a copy of the graph it was loaded from (checked unchanged)."""
+    from .. import writeback
+
+    source = encoder.model_dir / manifest.ONNX_FILE
+    # The weights are placed by the graph's names and layout: it must be the graph they were read from.
+    files.check_file(source, encoder.file_hashes[manifest.ONNX_FILE], what="the graph the encoder came from")
+    replacements = writeback.module_weights_to_graph(encoder.encoder, source)
+    return writeback.patch(source, target, replacements)
 
 
 def read(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -128,10 +220,40 @@ def read(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     except (KeyError, json.JSONDecodeError) as err:
         raise PipelineError(f"{path}: a safetensors file without pipeline settings (metadata key "
                             f"{METADATA_KEY!r}); not written by encoder_study.tagging.pipeline") from err
-    if settings.get("format") != FORMAT or settings.get("kind") not in KINDS:
+    if settings.get("format") not in FORMATS or settings.get("kind") not in KINDS:
         raise PipelineError(f"{path}: format {settings.get('format')!r}, kind {settings.get('kind')!r}; this "
-                            f"code reads {FORMAT!r} with kinds {list(KINDS)}")
+                            f"code reads {list(FORMATS)} with kinds {list(KINDS)}")
+    if settings["format"] == GRAPH_FORMAT:
+        encoder = settings.get("encoder")
+        graph = encoder.get("graph") if isinstance(encoder, dict) else None
+        name = graph.get("file") if isinstance(graph, dict) else None
+        # A plain file name only: a pipeline file must not make `load` open a path of its choosing.
+        if (settings["kind"] != "transformer" or not isinstance(name, str) or Path(name).name != name
+                or name in ("", ".", "..") or not isinstance(graph.get("sha256"), str)):
+            raise PipelineError(f"{path}: format {GRAPH_FORMAT!r} without a valid written graph (kind "
+                                f"'transformer', encoder.graph with a plain file name and its sha256)")
     return settings, tensors
+
+
+def graph_path(path: str | os.PathLike, settings: dict) -> Path | None:
+    """Where a pipeline file's written graph is (None for files without one): beside the file."""
+    graph = settings["encoder"].get("graph") if settings["format"] == GRAPH_FORMAT else None
+    return None if graph is None else Path(path).parent / graph["file"]
+
+
+def check_graph(path: Path, settings: dict) -> Path:
+    """The written graph beside a /2 pipeline file, checked by SHA-256; refusals name both files."""
+    graph = graph_path(path, settings)
+    expected = settings["encoder"]["graph"]["sha256"]
+    fix = (f"the pipeline file and its graph travel together: put the {graph.name} that was saved with "
+           f"{path.name} beside it in {path.parent}, or save the tagger again to write both")
+    if not graph.is_file():
+        raise PipelineError(f"{path}: its encoder graph {graph} is missing; {fix}")
+    actual = files.sha256_file(graph)
+    if actual != expected:
+        raise PipelineError(f"{path}: its encoder graph {graph} is not the one it was saved with (SHA-256 "
+                            f"{actual}, recorded {expected}); {fix}")
+    return graph
 
 
 def check_files(path: Path, model_dir: Path, expected: dict[str, str]) -> None:
@@ -152,12 +274,13 @@ def load(path: str | os.PathLike, model_dir: str | os.PathLike | None = None, th
         raise PipelineError(f"{path}: the model directory {model_dir} does not exist; give the exported "
                             f"model {reference['model']!r} it references with model_dir=")
     check_files(path, model_dir, reference["files"])
+    graph = check_graph(path, settings) if settings["format"] == GRAPH_FORMAT else None
     encoder_settings = reference["settings"]
     if settings["kind"] == "transformer":
         encoder = FrozenEncoder(model_dir, pooling=encoder_settings["pooling"],
                                 max_length=encoder_settings["max_length"],
                                 batch_size=encoder_settings["batch_size"], threads=threads,
-                                optimization=encoder_settings["optimization"])
+                                optimization=encoder_settings["optimization"], graph=graph)
     else:
         checkpoint = _join_tensors(encoder_settings["checkpoint"], tensors)
         encoder = TrainableEncoder.restore(model_dir, checkpoint, threads=threads)

@@ -146,8 +146,11 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
     # The development score of the selected weights, recomputed from the written file, must be the
     # one that selected them; a difference would mean the weights put back are not the ones scored.
     record["dev_upos_check"] = scores["dev"].upos == result.best_dev_upos
+    # Inline: the run's pipeline is the training reference (it can train further); the writeback recipe
+    # writes the graph pipelines from it.
     pipeline.save(tagger, out_dir / pipeline.FILE_NAME, training={
-        k: record[k] for k in ("run", "mode", "settings", "encoder_options", "selected", "steps", "epochs")})
+        k: record[k] for k in ("run", "mode", "settings", "encoder_options", "selected", "steps", "epochs")},
+        export_graphs=False)
     evaluate.write_scores(out_dir / SCORES, rows)
     files.write_text(out_dir / HISTORY, history_csv(result.history))
     files.write_json(out_dir / RUN_JSON, record)
