@@ -111,6 +111,38 @@ def test_perturbed_weights_give_the_modules_states(exports, tmp_path, name):
         assert not types.any()
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_weights_to_graph_never_loads_the_graph(exports, tmp_path, monkeypatch, name):
+    """Names come from the patcher's streaming index: the graph is never parsed whole (the study's are
+    over 1 GB), and the only values read are the BERT family's position and token-type tables."""
+    src = graph_path(exports, name)
+    encoder = perturbed(src)
+    given_a_graph = writeback.module_weights_to_graph(encoder, trainable.Graph(src))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("module_weights_to_graph loaded the whole graph")
+
+    for load in ("load", "load_model", "load_from_string", "load_model_from_string"):
+        monkeypatch.setattr(onnx, load, refuse)
+    read, old_value = [], writeback._old_value
+
+    def counted(source, tensor):
+        read.append(tensor.name)
+        return old_value(source, tensor)
+
+    monkeypatch.setattr(writeback, "_old_value", counted)
+    replacements = writeback.module_weights_to_graph(encoder, src.parent)
+    report = writeback.patch(src, tmp_path / "out.onnx", replacements)
+    monkeypatch.undo()
+
+    tables = {"model.embeddings.position_embeddings.weight", "model.embeddings.token_type_embeddings.weight"}
+    assert set(read) <= (set() if name == "modernbert-tiny" else tables)
+    assert replacements.keys() == given_a_graph.keys()
+    assert all(np.array_equal(replacements[k], given_a_graph[k]) for k in replacements)
+    assert report.rewritten
+    assert max_abs_against_ort(encoder, tmp_path / "out.onnx") < 1e-5
+
+
 def test_linear_weights_go_back_in_in_out_layout(tiny_exports):
     src = graph_path(tiny_exports, "bert-tiny")
     encoder = trainable.load(src)

@@ -32,6 +32,7 @@ MAX_NODE = 64 * 1024  # larger nodes (Constant tables, subgraphs) are copied, ne
 MAX_FIELDS = 4_000_000  # per message
 MAX_OUTPUT = 2**31 - 1  # protobuf's limit on one message: ONNX cannot load a larger single file
 CHUNK = 1 << 20
+BLOCK = 64 * 1024  # the reader's cached block; larger reads bypass it
 
 FLOAT = 1  # TensorProto.DataType.FLOAT
 EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
@@ -61,9 +62,15 @@ class _Source:
     def read(self, offset: int, n: int) -> bytes:
         """`n` bytes at `offset`; callers have checked that they lie inside the file."""
         end = offset + n
+        if n > BLOCK:  # a tensor's data: read for the caller alone, so the block never holds it after
+            self.handle.seek(offset)
+            data = self.handle.read(n)
+            if len(data) < n:
+                raise self.malformed(f"the file ends at byte {self.size}, inside a field at {offset}")
+            return data
         if not (self.block_start <= offset and end <= self.block_start + len(self.block)):
             self.handle.seek(offset)
-            self.block, self.block_start = self.handle.read(max(n, 64 * 1024)), offset
+            self.block, self.block_start = self.handle.read(BLOCK), offset
             if len(self.block) < n:
                 raise self.malformed(f"the file ends at byte {self.size}, inside a field at {offset}")
         return self.block[offset - self.block_start:end - self.block_start]
@@ -220,6 +227,7 @@ def _tensor(source: _Source, outer: _Field) -> _Tensor:
 class _Node:
     span: _Field
     op_type: str = ""
+    name: str = ""
     inputs: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
 
@@ -232,6 +240,8 @@ def _node(source: _Source, outer: _Field) -> _Node:
             node.inputs.append(_text(source, f, "node input", data, outer.value_start))
         elif f.number == 2:
             node.outputs.append(_text(source, f, "node output", data, outer.value_start))
+        elif f.number == 3:
+            node.name = _text(source, f, "node name", data, outer.value_start)
         elif f.number == 4:
             node.op_type = _text(source, f, "node op_type", data, outer.value_start)
     return node
@@ -244,6 +254,8 @@ class _Index:
     graph_fields: list[_Field]
     tensors: dict[str, _Tensor]  # by name
     identity: dict[str, _Node]  # output name -> Identity node
+    matmul: list[_Node] = field(default_factory=list)  # MatMul nodes, which name the linear weights
+    scoped: bool = False  # some node name carries a module scope (/model/...), as TorchScript writes
 
 
 def _index(source: _Source) -> _Index:
@@ -256,7 +268,7 @@ def _index(source: _Source) -> _Index:
         raise source.malformed("no opset_import; the file probably ends early")
     graph = graphs[0]
     graph_fields = list(_fields(source, graph.value_start, graph.end))
-    tensors, identity = {}, {}
+    tensors, identity, matmul, scoped = {}, {}, [], False
     for f in graph_fields:
         if f.number == 5:
             _expect(source, f, LENGTH, "an initializer")
@@ -270,29 +282,51 @@ def _index(source: _Source) -> _Index:
                 node = _node(source, f)
                 if node.op_type == "Identity" and len(node.inputs) == 1 and len(node.outputs) == 1:
                     identity[node.outputs[0]] = node
-    return _Index(model_fields, graph, graph_fields, tensors, identity)
+                elif node.op_type == "MatMul":
+                    matmul.append(node)
+                scoped = scoped or node.name.startswith("/")
+    return _Index(model_fields, graph, graph_fields, tensors, identity, matmul, scoped)
+
+
+def _data_spans(source: _Source, t: _Tensor) -> list[tuple[int, int]]:
+    """The byte ranges that hold `t`'s float32 values, in order, checked against its dims."""
+    spans = []
+    for f in t.parts:  # raw_data is bytes; float_data is packed (bytes) or one fixed32 per entry
+        if f.number not in (4, 9):
+            continue
+        if f.wire not in ((LENGTH,) if f.number == 9 else (LENGTH, FIXED32)):
+            raise source.malformed(f"tensor {t.name!r}: data field {f.number} at byte {f.start} has wire "
+                                   f"type {f.wire}")
+        spans.append((f.value_start, f.end if f.wire == LENGTH else f.value_start + 4))
+    stored = sum(end - start for start, end in spans)
+    if stored != 4 * t.count:
+        raise source.malformed(f"tensor {t.name!r} has {stored} bytes of data for dims {t.dims}")
+    return spans
 
 
 def _old_value(source: _Source, t: _Tensor) -> np.ndarray:
     """The stored float32 values of `t` (raw_data or float_data), checked against its dims."""
-    data = [f for f in t.parts if f.number in (4, 9)]
-    for f in data:  # raw_data is bytes; float_data is packed (bytes) or one fixed32 per entry
-        if f.wire not in ((LENGTH,) if f.number == 9 else (LENGTH, FIXED32)):
-            raise source.malformed(f"tensor {t.name!r}: data field {f.number} at byte {f.start} has wire "
-                                   f"type {f.wire}")
-    chunks = []
-    for f in data:
-        if f.number == 9 or f.wire == LENGTH:
-            chunks.append(source.read(f.value_start, f.end - f.value_start))
-        else:  # an unpacked float_data entry (wire type 5)
-            chunks.append(source.read(f.value_start, 4))
-    raw = b"".join(chunks)
-    if len(raw) != 4 * t.count:
-        raise source.malformed(f"tensor {t.name!r} has {len(raw)} bytes of data for dims {t.dims}")
+    raw = b"".join(source.read(start, end - start) for start, end in _data_spans(source, t))
     try:
         return np.frombuffer(raw, dtype="<f4").reshape(t.dims)
     except ValueError as err:  # an empty tensor with a dimension numpy cannot hold ([2**62, 0])
         raise source.malformed(f"tensor {t.name!r} has dims {t.dims} ({err})") from err
+
+
+def _stored_equals(source: _Source, t: _Tensor, value: np.ndarray) -> bool:
+    """Whether `value` ("<f4", contiguous) is bitwise what `t` stores; read a chunk at a time, so that
+    comparing a replacement costs no second copy of it."""
+    spans = _data_spans(source, t)
+    if list(value.shape) != t.dims:
+        return False
+    mine, at = value.reshape(-1).view(np.uint8), 0
+    for start, end in spans:
+        for pos in range(start, end, CHUNK):
+            n = min(CHUNK, end - pos)
+            if source.read(pos, n) != mine[at:at + n].tobytes():  # bytes compare with memcmp
+                return False
+            at += n
+    return True
 
 
 # -- writing --------------------------------------------------------------------------------------
@@ -393,13 +427,16 @@ def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
                 "the graph's own names (module_weights_to_graph(encoder, graph) gives them)")
         return found
 
-    old_cache: dict[str, np.ndarray] = {}
+    compared: dict[tuple[str, int], bool] = {}  # (stored name, id of a value in `values`) -> equal
 
-    def old(name: str) -> np.ndarray:
-        stored = root(name)
-        if stored not in old_cache:
-            old_cache[stored] = _old_value(source, index.tensors[stored])
-        return old_cache[stored]
+    def stored_is(name: str, array: np.ndarray) -> bool:
+        """Whether `array` equals what `name` stores now. Streamed from the file, never held, so the
+        plan costs no second copy of the replaced tensors; memoised, since many Identity names can
+        read one large tensor."""
+        key = (root(name), id(array))
+        if key not in compared:
+            compared[key] = _stored_equals(source, index.tensors[key[0]], array)
+        return compared[key]
 
     finals: dict[str, np.ndarray | None] = {}
 
@@ -431,14 +468,14 @@ def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
     rewrite, new, drop = {}, {}, set()
     for name, array in values.items():
         if name in index.tensors:
-            if _same(array, old(name)):
+            if stored_is(name, array):
                 report.unchanged.append(name)
             else:
                 rewrite[name] = array
                 report.rewritten.append(name)
         else:
             reads = final(index.identity[name].inputs[0])
-            if _same(array, old(name) if reads is None else reads):
+            if stored_is(name, array) if reads is None else _same(array, reads):
                 report.unchanged.append(name)
             else:
                 new[name] = array
@@ -453,12 +490,11 @@ def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
         except WritebackError:
             continue  # an Identity of a computed value; no weight of ours
         reads = final(node.inputs[0])
-        if reads is not None and not _same(reads, old(stored)):
+        if reads is not None and not stored_is(stored, reads):
             via = next(n for n in [node.inputs[0], stored] if n in values)
             raise WritebackError(
                 f"{path}: {via!r} changes, but {name!r} reads the same stored tensor {stored!r} through an "
                 f"Identity node and is not replaced; give {name!r} a value too (the old one to keep it)")
-    old_cache.clear()
     plan = _Plan(index, rewrite, new, drop, report)
     _layout(source, plan)
     if plan.size > MAX_OUTPUT:
@@ -552,6 +588,113 @@ def _write(source: _Source, plan: _Plan, out) -> None:
 
 # -- from the trainable modules -------------------------------------------------------------------
 
+@dataclass
+class _Names:
+    """The module names a TorchScript export reads its weights by, told from the streaming index alone
+    (the rules of trainable.graph.Graph.weights, without holding a value)."""
+
+    named: dict[str, str]  # module name (an initializer, or an Identity of one) -> stored initializer
+    linear: dict[str, list[str]]  # `scope.weight` -> the MatMul inputs that read it ([in, out], anonymous)
+    prefix: str  # the wrapper's (`model.`), before every Hugging Face name
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.named or name in self.linear
+
+
+def _resolve(index: _Index, name: str) -> str:
+    """Follow Identity nodes back to the stored initializer, as Graph.resolve does."""
+    seen = set()
+    while name not in index.tensors and name in index.identity and name not in seen:
+        seen.add(name)
+        name = index.identity[name].inputs[0]
+    return name
+
+
+def _float32_tensor(source: _Source, index: _Index, name: str, stored: str) -> _Tensor:
+    from onnx import TensorProto
+
+    from .trainable.graph import GraphError
+
+    t = index.tensors[stored]
+    if t.data_type != FLOAT:
+        try:
+            kind = TensorProto.DataType.Name(t.data_type).lower()
+        except ValueError:
+            kind = f"data type {t.data_type}"
+        raise GraphError(f"{source.path}: {name} is stored as {kind}; the trainable modules read float32 "
+                         "graphs: export the model in float32")
+    return t
+
+
+def _weight_names(source: _Source, index: _Index) -> _Names:
+    from onnx import TensorProto
+
+    from .trainable import _TABLE
+    from .trainable.graph import ANONYMOUS, REEXPORT, GraphError, module_scope
+
+    path = source.path
+    producer = next((_text(source, f, "producer name") for f in index.model_fields if f.number == 2), "")
+    if producer != "pytorch":
+        raise GraphError(f"{path}: written by {producer or 'an unnamed producer'!r}, not by PyTorch's "
+                         "TorchScript exporter; weight names are recovered from that exporter's node scopes, "
+                         f"which other tools do not keep. {REEXPORT}")
+    if not index.scoped:
+        raise GraphError(f"{path}: not a TorchScript export: no node name carries a module scope such as "
+                         f"/model/encoder/layer.0/... {REEXPORT}")
+    integer = {TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL}  # buffers, not parameters
+    named = {name: name for name, t in index.tensors.items()
+             if not name.startswith(ANONYMOUS) and t.data_type not in integer}
+    stored_named = set(named)
+    for output in index.identity:
+        if not output.startswith(ANONYMOUS):
+            stored = _resolve(index, output)
+            if stored in stored_named:
+                named[output] = stored
+    for name, stored in named.items():
+        _float32_tensor(source, index, name, stored)
+
+    linear: dict[str, list[str]] = {}
+    roots: dict[str, set[str]] = {}
+    for node in index.matmul:
+        if len(node.inputs) != 2:
+            continue
+        stored = _resolve(index, node.inputs[1])
+        if stored not in index.tensors or not stored.startswith(ANONYMOUS):
+            continue
+        scope = module_scope(node.name)
+        if scope is None:
+            raise GraphError(
+                f"{path}: the weight {stored!r} is consumed by node {node.name!r}, whose name carries no "
+                "module scope, so the weight's module cannot be named (the TorchScript exporter names it "
+                f"like /model/encoder/layer.0/attention/self/query/MatMul). {REEXPORT}")
+        name = scope + ".weight"
+        _float32_tensor(source, index, name, stored)
+        linear.setdefault(name, []).append(node.inputs[1])
+        roots.setdefault(name, set()).add(stored)
+    for name, stored in roots.items():
+        # Two MatMuls of one module reading different tensors: Graph.weights refuses such a graph. Values
+        # are read only here, in a layout the exporter does not write.
+        if len(stored) > 1 or name in named:
+            values = [_old_value(source, index.tensors[s]).T for s in sorted(stored)]
+            if name in named:
+                values.append(_old_value(source, index.tensors[named[name]]))
+            if any(not np.array_equal(v, values[0]) for v in values[1:]):
+                raise GraphError(f"{path}: two different weights claim the module name {name!r}; the graph "
+                                 "does not follow the exporter's one-MatMul-per-Linear pattern")
+
+    prefixes = {m.group(1) for name in [*named, *linear] if (m := _TABLE.match(name))}
+    if len(prefixes) != 1:
+        raise GraphError(f"{path}: expected one token embedding table (…embeddings.word_embeddings or "
+                         f"…embeddings.tok_embeddings), found {len(prefixes)}")
+    return _Names(named, linear, prefixes.pop())
+
+
+def _param(tensor, transpose: bool = False) -> np.ndarray:
+    """A float32 copy of a parameter, [in, out] when `transpose`; one copy, never two."""
+    value = tensor.detach().cpu().numpy()
+    return np.array(value.T if transpose else value, dtype=np.float32, order="C", copy=True)
+
+
 def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) -> dict[str, np.ndarray]:
     """The encoder's current weights under the names `graph` reads them by, in the graph's layout.
 
@@ -565,65 +708,89 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     A distilled student's graph (`embeddings.projection.weight`; see encoder_study.distill.export) holds
     every weight as a named initializer, linear weights [in, out]: each goes back under its own name,
     transposed, the projection and the positions included (unchanged values leave the bytes as they were).
-    """
-    from .trainable import FAMILIES, _module_weights
-    from .trainable import postnorm as pn
-    from .trainable.graph import ANONYMOUS, Graph, module_scope
 
-    if not isinstance(graph, Graph):
-        path = Path(graph)
-        graph = Graph(path / "model.onnx" if path.is_dir() else path)
-    weights, prefix = _module_weights(graph)
-    family = encoder.settings.family
+    The graph is never loaded whole: names come from the patcher's streaming index, and the only values
+    read are the BERT family's position and token-type tables, so memory stays near the size of the
+    copies returned (the graphs of the study are over 1 GB).
+    """
+    from .trainable import FAMILIES
+    from .trainable import postnorm as pn
+    from .trainable.graph import Graph
+
+    path = graph.path if isinstance(graph, Graph) else Path(graph)
+    if path.is_dir():
+        path = path / "model.onnx"
+    source = _Source(path)
+    try:
+        index = _index(source)
+        external = [t.name for t in index.tensors.values() if t.external]
+        if external:
+            raise WritebackError(f"{path}: {len(external)} initializers (e.g. {external[0]!r}) live in "
+                                 "external data files, which a copy of the graph file would not carry; "
+                                 f"{FIX}")
+        graph_names = _weight_names(source, index)
+        prefix = graph_names.prefix
+        family = encoder.settings.family
+        student = family == "postnorm" and prefix + pn.PROJECTION in graph_names
+        folded = None
+        if family == "postnorm" and not student:
+            folded = _folded_positions(source, index, graph_names)
+    finally:
+        source.close()
+
     module = FAMILIES[family][0]
     if include_tokens is None:
         include_tokens = not encoder.embeddings_frozen
     params = dict(encoder.named_parameters())
-    if family == "postnorm" and pn.PROJECTION in weights:
+    if student:
         # The student layout: names fixed by the export, layout known by name, no anonymous weights.
         names = pn.student_names(encoder.settings.layers)
         extra = sorted(set(params) ^ set(names))
         if extra:
-            raise WritebackError(f"{graph.path}: a distilled student's graph, but the encoder's parameters "
+            raise WritebackError(f"{path}: a distilled student's graph, but the encoder's parameters "
                                  f"do not match its names ({', '.join(extra[:3])}); it was not read from "
                                  "this graph")
-        out = {}
-        for param, theirs in names.items():
-            if param == "tokens.weight" and not include_tokens:
-                continue
-            value = params[param].detach().cpu().numpy().astype(np.float32, copy=True)
-            out[prefix + theirs] = np.ascontiguousarray(value.T) if pn.student_linear(param) else value
-        return out
+        return {prefix + theirs: _param(params[param], pn.student_linear(param))
+                for param, theirs in names.items() if param != "tokens.weight" or include_tokens}
     names = module._names(encoder.settings.layers)
-    # Module name -> the names its MatMul nodes read (the exporter's anonymous [in, out] weights).
-    linear: dict[str, list[str]] = {}
-    for node in graph.nodes:
-        if node.op_type == "MatMul" and len(node.input) == 2:
-            stored = graph.resolve(node.input[1])
-            scope = module_scope(node.name)
-            if stored in graph.initializers and stored.startswith(ANONYMOUS) and scope:
-                linear.setdefault(scope + ".weight", []).append(node.input[1])
+    missing = set(params) - set(names) - {"positions"}
+    if missing:
+        raise WritebackError(f"{path}: the encoder has parameters with no graph name "
+                             f"({', '.join(sorted(missing)[:3])}); it was not read from this graph's family")
     out: dict[str, np.ndarray] = {}
     for param, theirs in names.items():
         if param == "tokens.weight" and not include_tokens:
             continue
-        value = params[param].detach().cpu().numpy().astype(np.float32, copy=True)
         full = prefix + theirs
-        if full in linear:
-            for read in linear[full]:
-                out[read] = np.ascontiguousarray(value.T)
+        if full in graph_names.linear:
+            value = _param(params[param], transpose=True)
+            for read in graph_names.linear[full]:
+                out[read] = value  # one array for the names one module's MatMuls read
         else:
-            out[full] = value
-    if family == "postnorm":
-        positions = params["positions"].detach().cpu().numpy().astype(np.float32, copy=True)
-        types = weights.get(pn.TOKEN_TYPES)
-        folded = weights[pn.POSITIONS] + (types[0] if types is not None else np.float32(0))
-        if not _same(positions, folded.astype(np.float32)):
-            out[prefix + pn.POSITIONS] = positions
+            out[full] = _param(params[param])
+    if folded is not None:
+        positions, types = folded
+        mine = _param(params["positions"])
+        if not _same(mine, positions):
+            out[prefix + pn.POSITIONS] = mine
             if types is not None:
                 out[prefix + pn.TOKEN_TYPES] = np.zeros_like(types)
-    missing = set(params) - set(names) - {"positions"}
-    if missing:
-        raise WritebackError(f"{graph.path}: the encoder has parameters with no graph name "
-                             f"({', '.join(sorted(missing)[:3])}); it was not read from this graph's family")
     return out
+
+
+def _folded_positions(source: _Source, index: _Index, names: _Names) -> tuple[np.ndarray, np.ndarray | None]:
+    """(the graph's positions + token-type row 0, its token-type table or None), what the BERT family's
+    `positions` parameter was read as; the only weights read from the graph."""
+    from .trainable import postnorm as pn
+    from .trainable.graph import GraphError
+
+    def read(theirs: str) -> np.ndarray | None:
+        name = names.prefix + theirs
+        stored = names.named.get(name)
+        return None if stored is None else _old_value(source, _float32_tensor(source, index, name, stored))
+
+    positions, types = read(pn.POSITIONS), read(pn.TOKEN_TYPES)
+    if positions is None:
+        raise GraphError(f"{source.path}: no {names.prefix + pn.POSITIONS}; not a BERT-family graph")
+    folded = positions + (types[0] if types is not None else np.float32(0))
+    return np.ascontiguousarray(folded, dtype=np.float32), types

@@ -57,7 +57,12 @@ def _mib(kib: int) -> float:
 
 
 def _peak_kib() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """The peak resident set (VmHWM, which _reset_peak resets); ru_maxrss where /proc is not there."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def _resident_kib() -> int:
@@ -71,7 +76,16 @@ def _resident_kib() -> int:
 
 def _reset_peak() -> bool:
     """Reset the peak resident set to the current one (Linux: `5` to /proc/self/clear_refs), so that
-    ru_maxrss afterwards is the peak of what follows and not of loading before it."""
+    ru_maxrss afterwards is the peak of what follows and not of loading before it.
+
+    Freed heap is first given back to the system (glibc's malloc_trim): otherwise pages freed after
+    loading stay resident, the write reuses them, and its cost would not show in the peak."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the peak may understate the write
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
             handle.write("5")
