@@ -85,9 +85,15 @@ def small_workflow(tmp_path_factory) -> Path:
         " tatoeba_count: 12, udhr_count: 4}\n"
         "parity: {latency_runs: 2, latency_warmup: 1}\n"
         "treebank: {sizes: {train: 60, dev: 20, test: 20}}\n"
-        "tagging:\n  runs: [{name: tiny-frozen, model: bert-tiny, mode: frozen, epochs: 2}]\n"
+        "tagging:\n  runs: [{name: tiny-frozen, model: bert-tiny, mode: frozen, epochs: 2},"
+        " {name: student-tuned, model: student, mode: finetuned, max_steps: 2, warmup: 1, eval_every: 1}]\n"
         "  comparisons: [[tiny-frozen, baseline]]\n  resamples: 200\n"
-        "  step_time: {models: [bert-tiny], batch: 2, length: 8}\n")
+        "  step_time: {models: [bert-tiny], batch: 2, length: 8}\n"
+        "writeback: {speed_sentences: 8, speed_repeats: 1}\n"
+        "student:\n  teacher: bert-tiny\n"
+        "  architecture: {layers: 2, width: 32, heads: 2, intermediate: 64, embedding_width: 8}\n"
+        "  training: {steps: 4, batch_windows: 4, window_lengths: [16], chunk_steps: 2, log_every: 2,"
+        " stats_windows: 4}\n")
     result = snakemake("--cores", "2", "all", cwd=copy)
     assert result.returncode == 0, result.stdout + result.stderr
     return copy
@@ -106,6 +112,21 @@ def test_all_exports_with_manifest_and_provenance(small_workflow):
     assert scores.count("\ntiny-frozen,") == 2 and scores.count("\nbaseline,") == 2
     assert (small_workflow / "results/tagging/comparisons.csv").read_text().count("tiny-frozen,baseline") == 2
     assert (small_workflow / "results/tagging/step_time.csv").is_file()
+
+
+def test_all_distils_the_student_and_writes_its_fine_tuned_graph_back(small_workflow):
+    training = (small_workflow / "results/student/training.csv").read_text().splitlines()
+    assert training[0].startswith("step,loss,") and len(training) == 3  # steps 2 and 4, in two chunks
+    assert not (small_workflow / "results/checkpoints/student/distill.pt").exists()  # removed once done
+    parity = (small_workflow / "results/student/parity.csv").read_text()
+    assert "trainable vs pytorch" in parity and "graph runtime vs pytorch" in parity
+    scores = (small_workflow / "results/tagging/scores.csv").read_text()
+    assert scores.count("\nstudent-tuned,") == 2
+    assert (small_workflow / "results/writeback/student-tuned/pipeline.encoder0.onnx").is_file()
+    header, row = (small_workflow / "results/writeback/agreement.csv").read_text().splitlines()[:2]
+    assert dict(zip(header.split(","), row.split(","), strict=True))["differing_tokens"] == "0"
+    for recipe in ("student", "writeback"):
+        assert (small_workflow / f"provenance/{recipe}/PROVENANCE.md").is_file()
 
 
 def test_second_run_does_nothing(small_workflow):
