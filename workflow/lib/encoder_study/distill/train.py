@@ -78,8 +78,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import files, tables, trainable
-from ..tagging.train import determinism
 from ..tokens import PieceTokenizer
+from ..trainable.common import determinism
 from ..trainable.postnorm import PostNormEncoder, PostNormSettings
 from . import student as student_module
 from .data import STATS_STREAM, Corpus, Document

@@ -32,7 +32,6 @@ computes exactly what the uninterrupted run computes from that step on.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -49,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import files
+from ..trainable.common import determinism
 from ..treebank import UPOS, Sentence
 from .tagger import EVAL_BATCH_WORDS, Tagger, word_batches
 
@@ -155,21 +155,6 @@ def data_digest(sentences: Sequence[Sentence]) -> str:
 
 def gold_ids(sentence: Sentence) -> np.ndarray:
     return np.asarray([TAG_INDEX[tag] for tag in sentence.upos], dtype=np.int64)
-
-
-@contextlib.contextmanager
-def determinism(threads: int):
-    """Deterministic algorithms (warn-only) and a fixed thread count for the block; restored after."""
-    enabled = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    threads_before = torch.get_num_threads()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.set_num_threads(min(threads, os.cpu_count() or 1))
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-        torch.set_num_threads(threads_before)
 
 
 def train(tagger: Tagger, train_sentences: Sequence[Sentence], dev_sentences: Sequence[Sentence],

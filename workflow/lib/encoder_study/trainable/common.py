@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 
 import numpy as np
 import torch
@@ -16,6 +18,24 @@ from .graph import Graph, GraphError
 # takes another path for a few rows, so without this a 5-token sentence alone would differ in the last
 # bit from the same sentence in a padded batch. From 16 on, extra masked keys only add exact zeros.
 MIN_LENGTH = 16
+
+
+@contextlib.contextmanager
+def determinism(threads: int):
+    """Deterministic algorithms (warn-only) and a fixed thread count for the block; restored after.
+
+    Training (tagging, distillation) runs inside it, so that equal inputs give equal weights.
+    """
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    threads_before = torch.get_num_threads()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.set_num_threads(min(threads, os.cpu_count() or 1))
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.set_num_threads(threads_before)
 
 
 class Encoder(nn.Module):
