@@ -23,7 +23,7 @@ def distilled(tiny_exports, tmp_path_factory):
             "--tatoeba", str(ROOT / "config/texts/tatoeba_sample.tsv"), "--udhr",
             str(ROOT / "config/texts/udhr_sample"), "--student", json.dumps(SHAPE),
             "--training", json.dumps(TRAINING), "--checkpoint", str(out / "checkpoint.pt"),
-            "--out", str(out / "student.pt"), "--log", str(out / "training.csv"),
+            "--out", str(out / "student.pt"), "--loss-log", str(out / "training.csv"),
             "--plot", str(out / "training.png"), "--provenance", str(out / "prov/distill_student.md")]
     first = student.main(argv)
     fragment_after_first = (out / "prov/distill_student.md").exists()
@@ -73,8 +73,31 @@ def test_bad_settings_are_refused_with_a_message(distilled, tmp_path, capsys):
     code = student.main(["train", "--teacher-dir", str(distilled["teacher"]), "--tatoeba",
                          str(ROOT / "config/texts/tatoeba_sample.tsv"), "--student", json.dumps(SHAPE),
                          "--training", json.dumps({"stpes": 3}), "--checkpoint", str(tmp_path / "c.pt"),
-                         "--out", str(tmp_path / "s.pt"), "--log", str(tmp_path / "t.csv"),
+                         "--out", str(tmp_path / "s.pt"), "--loss-log", str(tmp_path / "t.csv"),
                          "--plot", str(tmp_path / "t.png"), "--provenance", str(tmp_path / "p.md")])
     assert code == 2
     assert "stpes" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_torchrun_chunks_end_with_status_0_and_no_student_until_done(tiny_exports, tmp_path):
+    """The rule's contract under torchrun (which fails a job on any non-zero exit): a chunk exits 0
+    and leaves no student file; the run that finishes writes it and the fragment, on rank 0 only."""
+    import os
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "-m", "encoder_study.cli", "student", "train", "--teacher-dir", str(tiny_exports["bert-tiny"]),
+            "--tatoeba", str(ROOT / "config/texts/tatoeba_sample.tsv"), "--student", json.dumps(SHAPE),
+            "--training", json.dumps(TRAINING), "--checkpoint", str(tmp_path / "checkpoint.pt"),
+            "--out", str(tmp_path / "student.pt"), "--loss-log", str(tmp_path / "training.csv"),
+            "--plot", str(tmp_path / "training.png"), "--provenance", str(tmp_path / "distill_student.md")]
+    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert not (tmp_path / "student.pt").exists() and not (tmp_path / "distill_student.md").exists()
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (tmp_path / "student.pt").is_file()
+    assert "| world size | 2 |" in (tmp_path / "distill_student.md").read_text()

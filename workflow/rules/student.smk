@@ -33,13 +33,15 @@ rule distill_student:
     conda:
         CONDA_ENV
     shell:
-        # Exit status 75 ends a chunk (checkpoint saved); the loop resumes until the student is done.
-        "status=75; while [ $status -eq 75 ]; do"
+        # A chunk ends with the checkpoint saved and exit 75 (under torchrun: 0 and no student file yet);
+        # the loop resumes until the student is written.
+        "while true; do"
         " {params.launcher} student train --teacher-dir {params.teacher_dir:q} {params.corpus}"
         " --student {params.student:q} --training {params.training:q} --checkpoint {params.checkpoint:q}"
-        " --out {output.weights:q} --log {output.log:q} --plot {output.plot:q} --threads {params.threads}"
-        " --provenance {output.prov:q} >> {log:q} 2>&1 && status=0 || status=$?;"
-        " done; if [ $status -eq 0 ]; then rm -f {params.checkpoint:q}; fi; exit $status"
+        " --out {output.weights:q} --loss-log {output.log:q} --plot {output.plot:q}"
+        " --threads {params.threads} --provenance {output.prov:q} >> {log:q} 2>&1 && status=0 || status=$?;"
+        " if [ $status -eq 75 ] || {{ [ $status -eq 0 ] && [ ! -e {output.weights:q} ]; }}; then continue; fi;"
+        " break; done; if [ $status -eq 0 ]; then rm -f {params.checkpoint:q}; fi; exit $status"
 
 
 rule export_student:

@@ -3,7 +3,7 @@
     encoder-study student train --teacher-dir results/models/minilm --tatoeba T --udhr U \\
         --student '{"layers": 3, ...}' --training '{"steps": 300, ...}' \\
         --checkpoint results/student/checkpoints/distill.pt --out results/student/student.pt \\
-        --log results/student/training.csv --plot results/student/training.png --provenance P
+        --loss-log results/student/training.csv --plot results/student/training.png --provenance P
     encoder-study student export --student results/student/student.pt --teacher-dir results/models/minilm \\
         --out-dir results/models/student --provenance P
     encoder-study student parity --student results/student/student.pt --export-dir results/models/student \\
@@ -11,7 +11,9 @@
 
 `train` runs in chunks like `tag train`: with `chunk_steps` in the training settings it stops after
 that many steps, saves its checkpoint and exits with status 75; the same command resumes it. Under
-`torchrun` every rank runs the command and only rank 0 writes outputs and the provenance fragment.
+`torchrun` every rank runs the command and only rank 0 writes outputs and the provenance fragment;
+there a chunk ends with status 0 (torchrun fails a job on any other), and the student file `--out`,
+written only when the run is done, tells whether to run again.
 """
 
 from __future__ import annotations
@@ -99,15 +101,17 @@ def _train(args) -> int:
         if not status.done:
             print(f"encoder-study student train: step {status.step} of {status.steps}; run again to "
                   "resume", file=sys.stderr)
-            raise _ChunkDone
+            # torchrun reports any non-zero exit as a failed job, so under it a chunk ends with 0 and
+            # the rule tells "more to do" from the missing output instead.
+            raise _ChunkDone(0 if int(os.environ.get("WORLD_SIZE", "1")) > 1 else CHUNK_EXIT)
         if rank != 0:
             raise _NotRankZero
         rows = list(status.rows)
-        train.write_log(rows, args.log)
+        train.write_log(rows, args.loss_log)
         plot_loss(rows, args.plot)
         frag.inputs += [Path(args.teacher_dir) / n for n in TEACHER_FILES]
         frag.inputs += [p for p in (args.tatoeba, args.udhr) if p]
-        frag.outputs += [args.out, args.log, args.plot]
+        frag.outputs += [args.out, args.loss_log, args.plot]
         frag.table("Training log", provenance.markdown_table(
             list(train.LOG_COLUMNS), [[_short(r[c]) for c in train.LOG_COLUMNS] for r in rows]))
         frag.note(f"{len(documents)} documents; the written student is the moving average of the weights")
@@ -184,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--training", type=_json, default={}, help="JSON: training settings (TrainingConfig)")
     p.add_argument("--checkpoint", required=True, help="where chunks are saved; outside the outputs' dirs")
     p.add_argument("--out", required=True, help="results/student/student.pt: the EMA weights and settings")
-    p.add_argument("--log", required=True, help="results/student/training.csv: loss per logged step")
+    p.add_argument("--loss-log", required=True, help="results/student/training.csv: loss per logged step "
+                   "(not --log: torchrun would take an abbreviation of its own --log-dir)")
     p.add_argument("--plot", required=True, help="results/student/training.png: the loss curve")
     p.add_argument("--threads", type=int, default=1)
 
@@ -211,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     action = {"train": _train, "export": _export, "parity": _parity}[args.action]
     try:
         return action(args)
-    except _ChunkDone:
-        return CHUNK_EXIT
+    except _ChunkDone as chunk:
+        return chunk.args[0]
     except _NotRankZero:
         return 0
     except (ValueError, OSError, manifest.ManifestError, files.IntegrityError) as err:
