@@ -76,3 +76,16 @@ def test_tree_sha256_is_the_documented_recipe(tmp_path):
     (tmp_path / "d" / "sub" / "a.txt").write_text("a")
     lines = "".join(f"{files.sha256_file(tmp_path / 'd' / p)}  {p}\n" for p in ["b.txt", "sub/a.txt"])
     assert files.tree_sha256(tmp_path / "d") == hashlib.sha256(lines.encode()).hexdigest()
+
+
+def test_write_torch_gives_bytes_that_depend_on_the_object_alone(tmp_path):
+    """torch.save names its archive after the file; written through files.write_torch, equal objects
+    give equal files whatever their paths (the distilled student's SHA-256 is in its export.json)."""
+    import torch
+
+    record = {"weights": torch.arange(6, dtype=torch.float32).reshape(2, 3), "steps": 3}
+    files.write_torch(tmp_path / "a.pt", record)
+    files.write_torch(tmp_path / "sub" / "other-name.pt", record)
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "sub" / "other-name.pt").read_bytes()
+    assert torch.equal(torch.load(tmp_path / "a.pt", weights_only=True)["weights"], record["weights"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "sub"]  # no temporary file left

@@ -96,6 +96,22 @@ def write_text(target: str | os.PathLike, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def write_torch(target: str | os.PathLike, obj) -> None:
+    """torch.save(obj) to `target` atomically, with bytes that depend on `obj` alone.
+
+    Through a buffer: torch.save names the archive inside the file after the path it writes to, so
+    writing to the temporary name directly would make equal objects give different files.
+    """
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(buffer.getvalue())
+
+
 def write_json(target: str | os.PathLike, data) -> None:
     """JSON with sorted keys and a final newline, so equal data gives equal bytes."""
     write_text(target, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")

@@ -21,7 +21,6 @@ running anything.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -101,12 +100,7 @@ def save_heads(state: dict[str, dict[str, torch.Tensor]], out_dir: str | os.Path
     out_dir = Path(out_dir)
     written = []
     for name, tensors in sorted(state.items()):
-        # Through a buffer: torch.save names the archive inside the file after the path it writes
-        # to, and the temporary name would make equal heads give different bytes.
-        buffer = io.BytesIO()
-        torch.save({k: v.contiguous() for k, v in tensors.items()}, buffer)
-        with files.atomic_path(out_dir / name) as tmp:
-            tmp.write_bytes(buffer.getvalue())
+        files.write_torch(out_dir / name, {k: v.contiguous() for k, v in tensors.items()})
         written.append(out_dir / name)
     return written
 

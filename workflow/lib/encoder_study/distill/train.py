@@ -556,8 +556,7 @@ class _Run:
 
     def save(self) -> None:
         if self.rank == 0:
-            with files.atomic_path(self.checkpoint) as tmp:
-                torch.save(self.state(), tmp)
+            files.write_torch(self.checkpoint, self.state())
         _barrier(self.world)
 
     def load(self, path: Path) -> None:
@@ -590,6 +589,6 @@ class _Run:
         record = {"format": STUDENT_FORMAT, "settings": self.student.settings_dict(),
                   "state_dict": {k: v.detach().cpu().clone() for k, v in self.ema.shadow.items()},
                   "layer_map": self.mapping, "fingerprint": self.fingerprint, "rows": self.rows,
-                  "chunks": self.chunks}
-        with files.atomic_path(path) as tmp:
-            torch.save(record, tmp)
+                  # Step ranges only: the chunks' seconds would make equal students differ in bytes.
+                  "chunks": [{k: v for k, v in c.items() if k != "seconds"} for c in self.chunks]}
+        files.write_torch(path, record)
