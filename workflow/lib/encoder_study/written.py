@@ -151,7 +151,7 @@ def _pipeline(args, frag: provenance.Fragment) -> None:
             ("resident when writing began", resident),
             ("while writing the graph and the pipeline: peak" + ("" if done["peak_reset"] else
                                                                  " (since the start: no reset)"), peak)]
-    frag.table("Memory (resident set: ru_maxrss, VmRSS)", provenance.markdown_table(
+    frag.table("Memory (resident set: peak VmHWM, current VmRSS)", provenance.markdown_table(
         ["point", "MiB"], [(what, f"{_mib(kib):.1f}") for what, kib in rows]
         + [("written graph's size", f"{size / 2**20:.1f}")], "lr"))
     added = max(0, peak - resident)
