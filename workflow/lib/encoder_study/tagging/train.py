@@ -348,8 +348,7 @@ class _Run:
         }
 
     def save(self, path: Path) -> None:
-        with files.atomic_path(path) as tmp:
-            torch.save(self.state(), tmp)
+        files.write_torch(path, self.state())
 
     def load(self, path: Path) -> None:
         try:

@@ -121,8 +121,7 @@ def checkpoint(encoder: Encoder, onnx_sha256: str | None = None) -> dict:
 def save(encoder: Encoder, path: str | os.PathLike, onnx_path: str | os.PathLike | None = None) -> None:
     """Write `checkpoint(encoder)`; with `onnx_path`, record its SHA-256 so `restore` checks the graph."""
     digest = files.sha256_file(onnx_path) if onnx_path is not None else None
-    with files.atomic_path(path) as tmp:
-        torch.save(checkpoint(encoder, digest), tmp)
+    files.write_torch(path, checkpoint(encoder, digest))
 
 
 def restore(model_dir_or_onnx: str | os.PathLike, saved: dict | str | os.PathLike) -> Encoder:

@@ -229,8 +229,7 @@ class TrainableEncoder(nn.Module):
                 "encoder": trainable.checkpoint(self.encoder, self.file_hashes[manifest.ONNX_FILE])}
 
     def save(self, path: str | os.PathLike) -> None:
-        with files.atomic_path(path) as tmp:
-            torch.save(self.checkpoint(), tmp)
+        files.write_torch(path, self.checkpoint())
 
     @classmethod
     def restore(cls, model_dir: str | os.PathLike, saved: dict | str | os.PathLike,
