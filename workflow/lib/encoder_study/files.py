@@ -112,6 +112,36 @@ def write_torch(target: str | os.PathLike, obj) -> None:
         tmp.write_bytes(buffer.getvalue())
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be resumed: it belongs to another run, or it is not a checkpoint."""
+
+
+def read_checkpoint(path: str | os.PathLike, format_name: str, what: str) -> dict:
+    """A checkpoint written by `write_torch` with `"format": format_name` (tensors and plain data only).
+
+    CheckpointError, naming the file and `what` it should be, for anything else.
+    """
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a truncated or foreign file: torch raises several types
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({err}); delete it to start "
+                              "over") from err
+    if not isinstance(state, dict) or state.get("format") != format_name:
+        raise CheckpointError(f"{path}: not a {what}; delete it to start over")
+    return state
+
+
+def check_same_run(path: str | os.PathLike, what: str, saved: dict, now: dict) -> None:
+    """Refuse to resume a checkpoint whose `what` (a dict of settings) differs, naming each change."""
+    if saved != now:
+        changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+        details = ", ".join(f"{k}: {saved.get(k)!r} then, {now.get(k)!r} now" for k in changed)
+        raise CheckpointError(f"{path} was written by a run with other {what} ({details}); resuming it "
+                              "would not give the run asked for: delete it to start over")
+
+
 def write_json(target: str | os.PathLike, data) -> None:
     """JSON with sorted keys and a final newline, so equal data gives equal bytes."""
     write_text(target, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")

@@ -87,7 +87,8 @@ class Model:
 def _torch_states(model: torch.nn.Module, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
-    return out.last_hidden_state.numpy()
+    # A Hugging Face model returns an output object; our encoders (the distilled student) the states.
+    return (out if isinstance(out, torch.Tensor) else out.last_hidden_state).numpy()
 
 
 def token_differences(reference: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -167,9 +168,11 @@ class Accumulator:
                 "min_cos": self.min_cos, "max_value": self.max_value}
 
 
-def trainable_parity(model: Model, texts: list[str], threads: int, batch: int = 8) -> list[dict]:
+def trainable_parity(model: Model, texts: list[str], threads: int, batch: int = 8,
+                     comparisons: tuple[str, ...] = COMPARISONS) -> list[dict]:
     """The trainable modules against PyTorch and the graph runtime, one text per run, every token;
-    and whether padded batches of `batch` give exactly (bitwise) the rows of the texts run alone."""
+    and whether padded batches of `batch` give exactly (bitwise) the rows of the texts run alone.
+    `comparisons`: which of COMPARISONS to report, in that order."""
     from . import trainable
 
     torch.set_num_threads(threads)
@@ -196,8 +199,8 @@ def trainable_parity(model: Model, texts: list[str], threads: int, batch: int = 
         with torch.no_grad():
             out = encoder(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         equal &= all(np.array_equal(out[i, : len(r)], singles[start + i]) for i, r in enumerate(chunk))
-    return [{"model": model.name, "family": family, "comparison": name, **acc.row(), "batch_equal": equal}
-            for name, acc in pairs.items()]
+    return [{"model": model.name, "family": family, "comparison": name, **pairs[name].row(),
+             "batch_equal": equal} for name in comparisons]
 
 
 def time_call(fn, warmup: int, runs: int) -> list[float]:

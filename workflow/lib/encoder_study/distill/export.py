@@ -347,38 +347,24 @@ def student_parity(pytorch_encoder: PostNormEncoder, export_dir: str | os.PathLi
     token; `batch_equal`: padded batches of `batch` give the read-back modules exactly (bitwise) the
     rows of the texts run alone.
     """
-    from .. import parity, trainable
+    from .. import parity
 
-    torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
     export_dir = Path(export_dir)
     record = manifest.verified_model(export_dir)
     config = json.loads((export_dir / manifest.CONFIG_FILE).read_text(encoding="utf-8"))
     pad = config.get("pad_token_id")
     pad_id = 0 if pad is None else int(pad)
-    onnx_path = export_dir / manifest.ONNX_FILE
-    model = parity.Model(record["model"], onnx_path, export_dir / manifest.TOKENIZER_FILE, pytorch_encoder,
+    model = parity.Model(record["model"], export_dir / manifest.ONNX_FILE,
+                         export_dir / manifest.TOKENIZER_FILE, pytorch_encoder,
                          int(config["max_position_embeddings"]), pad_id)
-    rows, _ = model.encode(texts)
-    loaded = trainable.load(onnx_path)
-    session = ort_session(onnx_path, threads)
-    pairs = {name: parity.Accumulator() for name in PARITY_COMPARISONS}
-    singles = []
-    for row in rows:
-        ids, mask = pad_batch([row], pad_id)
-        reference = _forward(pytorch_encoder, ids, mask)[0]
-        graph = session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
-        mine = _forward(loaded, ids, mask)[0]
-        pairs["trainable vs pytorch"].add(reference, mine)
-        pairs["graph runtime vs pytorch"].add(reference, graph)
-        singles.append(mine)
-    equal = True
-    for start in range(0, len(rows), batch):
-        chunk = rows[start:start + batch]
-        ids, mask = pad_batch(chunk, pad_id)
-        out = _forward(loaded, ids, mask)
-        equal &= all(np.array_equal(out[i, : len(r)], singles[start + i]) for i, r in enumerate(chunk))
-    return [{"model": model.name, "comparison": name, **acc.row(), "batch_equal": equal}
-            for name, acc in pairs.items()]
+    was = pytorch_encoder.training
+    try:
+        pytorch_encoder.eval()
+        rows = parity.trainable_parity(model, texts, max(1, min(threads, os.cpu_count() or 1)), batch,
+                                       comparisons=PARITY_COMPARISONS)
+    finally:
+        pytorch_encoder.train(was)
+    return [{k: row[k] for k in PARITY_COLUMNS} for row in rows]  # the family is known: postnorm
 
 
 def parity_markdown(rows: list[dict]) -> str:

@@ -78,6 +78,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import files, tables, trainable
+from ..files import CheckpointError  # noqa: F401 -- what resuming raises; callers import it from here
 from ..tokens import PieceTokenizer
 from ..trainable.common import determinism
 from ..trainable.postnorm import PostNormEncoder, PostNormSettings
@@ -95,10 +96,6 @@ SCHEDULES = ("linear", "cosine")
 # 2.8 M weights, of which the 30,522 x 48 table is 1.5 M.
 DEFAULT_STUDENT = {"layers": 3, "width": 192, "heads": 4, "intermediate": 768, "embedding_width": 48,
                    "max_positions": 128}
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be resumed: it belongs to another run, or it is not a checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -560,19 +557,9 @@ class _Run:
         _barrier(self.world)
 
     def load(self, path: Path) -> None:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # a truncated or foreign file: torch raises several types
-            raise CheckpointError(f"{path}: cannot read the checkpoint ({err}); delete it to start "
-                                  "over") from err
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{path}: not a distillation checkpoint; delete it to start over")
-        saved, now = state["fingerprint"], self.fingerprint
-        if saved != now:
-            changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-            details = "; ".join(f"{k}: {saved.get(k)!r} then, {now.get(k)!r} now" for k in changed)
-            raise CheckpointError(f"{path} was written by another run ({details}); resuming it would not "
-                                  "give the run asked for: delete it to start over")
+        state = files.read_checkpoint(path, CHECKPOINT_FORMAT, "distillation checkpoint")
+        files.check_same_run(path, "settings, teacher, corpus or processes", state["fingerprint"],
+                             self.fingerprint)
         self.student.load_state_dict(state["student"])
         self.objective.load_state_dict(state["objective"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import files
+from ..files import CheckpointError  # noqa: F401 -- what resuming raises; callers import it from here
 from ..trainable.common import determinism
 from ..treebank import UPOS, Sentence
 from .tagger import EVAL_BATCH_WORDS, Tagger, word_batches
@@ -63,10 +64,6 @@ MODE_DEFAULTS = {
     "finetuned": {"lr": 5e-5, "epochs": 1, "max_steps": 0, "warmup": 40, "eval_every": 50},
 }
 ENCODE_SLICE = 1024  # documents per frozen-encoder call while filling the cache (a progress unit)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be resumed: it belongs to another run, or it is not a checkpoint."""
 
 
 class ChunkDone(Exception):  # noqa: N818 -- not an error: the chunk ended as asked
@@ -351,20 +348,9 @@ class _Run:
         files.write_torch(path, self.state())
 
     def load(self, path: Path) -> None:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # a truncated or foreign file: torch raises several types
-            raise CheckpointError(f"{path}: cannot read the checkpoint ({err}); delete it to start "
-                                  "over") from err
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{path}: not a tagger training checkpoint; delete it to start over")
-        for what, saved, now in (("settings", state["settings"], dataclasses.asdict(self.settings)),
-                                 ("encoder or data", state["fingerprint"], self.fingerprint)):
-            if saved != now:
-                changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-                details = ", ".join(f"{k}: {saved.get(k)!r} then, {now.get(k)!r} now" for k in changed)
-                raise CheckpointError(f"{path} was written by a run with other {what} ({details}); resuming "
-                                      "it would not give the run asked for: delete it to start over")
+        state = files.read_checkpoint(path, CHECKPOINT_FORMAT, "tagger training checkpoint")
+        files.check_same_run(path, "settings", state["settings"], dataclasses.asdict(self.settings))
+        files.check_same_run(path, "encoder or data", state["fingerprint"], self.fingerprint)
         self.tagger.load_trainable_state(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])

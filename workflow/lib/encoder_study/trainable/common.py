@@ -52,11 +52,17 @@ class Encoder(nn.Module):
         super().__init__()
         self.settings = settings
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def _padded(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The batch padded (keys masked) to at least MIN_LENGTH, so every length takes the same kernels."""
         seq = input_ids.shape[1]
         if seq < MIN_LENGTH:
             input_ids = F.pad(input_ids, (0, MIN_LENGTH - seq), value=self.filler_id)
             attention_mask = F.pad(attention_mask, (0, MIN_LENGTH - seq), value=0)
+        return input_ids, attention_mask
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        seq = input_ids.shape[1]
+        input_ids, attention_mask = self._padded(input_ids, attention_mask)
         return self.encode(self.embed(input_ids), attention_mask)[:, :seq]
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[torch.Tensor]:
@@ -65,9 +71,7 @@ class Encoder(nn.Module):
         What distillation matches a student against, computed on the same path as `forward`.
         """
         seq = input_ids.shape[1]
-        if seq < MIN_LENGTH:
-            input_ids = F.pad(input_ids, (0, MIN_LENGTH - seq), value=self.filler_id)
-            attention_mask = F.pad(attention_mask, (0, MIN_LENGTH - seq), value=0)
+        input_ids, attention_mask = self._padded(input_ids, attention_mask)
         x = self.embed(input_ids)
         states = [x]
         last = self.encode(x, attention_mask, states)
