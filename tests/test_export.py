@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import TINY
-from encoder_study import acquire, export, files, manifest, runtime
+from encoder_study import acquire, export, files, manifest, reference, runtime
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -33,7 +33,7 @@ def test_graph_contract(tiny_exports, name):
 @pytest.mark.parametrize("name", TINY)
 def test_onnx_matches_pytorch_on_new_shapes(tiny_exports, models_dir, name):
     """Shapes the exporter never saw (another batch size, longer padded rows) still match PyTorch."""
-    model = export.load_pytorch(models_dir / "sources" / name / "model")
+    model = reference.load_pytorch(models_dir / "sources" / name / "model")
     rng = np.random.default_rng(7)
     lengths = [61, 9, 33, 17]
     ids = np.full((4, 61), model.config.pad_token_id, dtype=np.int64)
@@ -42,7 +42,7 @@ def test_onnx_matches_pytorch_on_new_shapes(tiny_exports, models_dir, name):
         ids[row, :n] = rng.integers(5, model.config.vocab_size, n)
         mask[row, :n] = 1
     with torch.no_grad():
-        ref = export.HiddenStates(model)(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+        ref = reference.HiddenStates(model)(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
     got = runtime.ort_session(tiny_exports[name] / manifest.ONNX_FILE, 1).run(
         None, {"input_ids": ids, "attention_mask": mask})[0]
     real = mask.astype(bool)

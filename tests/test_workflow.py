@@ -49,24 +49,43 @@ def test_paper_config_replaces_the_default_models():
     assert "mmbert-base" in result.stdout and "bert-tiny" not in result.stdout
 
 
-def test_lib_code_follows_imports():
-    """The rerun trigger: a rule using `export` lists every package module export imports."""
-    package = ROOT / "workflow/lib/encoder_study"
-    assert {Path(p).stem for p in deps.code_files(package, "export")} == {
-        "__init__", "cli", "export", "acquire", "files", "manifest", "provenance", "runtime", "tiny"}
-    assert {Path(p).stem for p in deps.code_files(package, "provenance")} == {
-        "__init__", "cli", "provenance", "files"}
-
-
-def test_lib_code_follows_subpackages(tmp_path):
-    package = tmp_path / "pkg"
-    (package / "sub").mkdir(parents=True)
-    for name, text in {"__init__.py": "", "cli.py": "", "a.py": "from .sub import x\n",
-                       "b.py": "", "c.py": "import os\n", "sub/__init__.py": "from . import x\n",
-                       "sub/x.py": "from .. import b\n"}.items():
+def _package(root: Path, sources: dict[str, str]) -> Path:
+    """A package `encoder_study` under `root` with the given files (and empty __init__/cli)."""
+    package = root / "encoder_study"
+    for name, text in {"__init__.py": "", "cli.py": "", **sources}.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
         (package / name).write_text(text)
-    files = {Path(p).relative_to(package).as_posix() for p in deps.code_files(package, "a")}
-    assert files == {"__init__.py", "cli.py", "a.py", "b.py", "sub/__init__.py", "sub/x.py"}
+    return package
+
+
+def _code(root: Path, module: str, function: str | None = None) -> set[str]:
+    return {Path(p).relative_to(root / "encoder_study").as_posix()
+            for p in deps.code_files(root, module, function)}
+
+
+def test_lib_code_resolves_single_files_of_subpackages(tmp_path):
+    _package(tmp_path, {"a.py": "from .sub import x\nimport encoder_study.c\n", "b.py": "", "c.py": "import os\n",
+                        "sub/__init__.py": "", "sub/x.py": "from .. import b\n", "sub/y.py": "from .. import c\n"})
+    assert _code(tmp_path, "encoder_study.a") == {
+        "__init__.py", "cli.py", "a.py", "b.py", "c.py", "sub/__init__.py", "sub/x.py"}  # not sub/y.py
+
+
+def test_lib_code_of_a_subcommand_is_what_its_function_reaches(tmp_path):
+    _package(tmp_path, {
+        "commands/__init__.py": "",
+        "commands/tagging.py": ("import argparse\nfrom .. import tables\n\n"
+                                "def parser():\n    return argparse.ArgumentParser()\n\n"
+                                "def _shared():\n    from .. import files\n\n"
+                                "def train(args):\n    from ..tagging import runs\n    _shared()\n\n"
+                                "def step_time(args):\n    from .. import reference\n"),
+        "tables.py": "", "files.py": "", "reference.py": "from . import tiny\n", "tiny.py": "",
+        "tagging/__init__.py": "", "tagging/runs.py": "from . import train\n", "tagging/train.py": ""})
+    common = {"__init__.py", "cli.py", "commands/__init__.py", "commands/tagging.py", "tables.py"}
+    assert _code(tmp_path, "encoder_study.commands.tagging", "train") == common | {
+        "files.py", "tagging/__init__.py", "tagging/runs.py", "tagging/train.py"}
+    assert _code(tmp_path, "encoder_study.commands.tagging", "step_time") == common | {"reference.py", "tiny.py"}
+    with pytest.raises(KeyError, match="gather"):
+        deps.code_files(tmp_path, "encoder_study.commands.tagging", "gather")
 
 
 @pytest.fixture(scope="module")

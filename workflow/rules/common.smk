@@ -12,7 +12,7 @@ from snakemake.exceptions import WorkflowError
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "lib"))
 from encoder_study.deps import code_files
 
-LIB = Path("workflow/lib/encoder_study")
+LIB_ROOT = Path("workflow/lib")
 
 # Jobs find `encoder-study` beside the Python that runs Snakemake, so `.venv/bin/snakemake` works
 # without activating the environment (with --sdm conda the job's own environment comes first).
@@ -38,9 +38,12 @@ SLOTS_PER_THREAD = max(1, -(-CORES // MACHINE_CORES)) if workflow.local_exec els
 RECIPES = {}
 
 
-def lib_code(module):
-    """The package files a command runs (the module and its imports): a change to any reruns the rule."""
-    return code_files(LIB, module)
+def lib_code(command, subcommand=None):
+    """The package files `encoder-study <command> <subcommand>` runs: a change to any reruns the rule."""
+    dotted = f"encoder_study.commands.{command}"
+    if not (LIB_ROOT / "encoder_study" / "commands" / f"{command}.py").exists():
+        dotted = f"encoder_study.{command}"  # TRANSITIONAL: modules not yet moved under commands/
+    return code_files(LIB_ROOT, dotted, subcommand.replace("-", "_") if subcommand else None)
 
 
 def prov(recipe, rule, wildcards=""):

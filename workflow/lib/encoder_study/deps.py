@@ -1,7 +1,12 @@
-"""Which package files a command runs: the module, everything it imports from the package, transitively.
+"""Which package files a command runs: its module, what it imports from the package, transitively.
 
-Snakemake does not rerun a rule when an imported module changes, so the workflow lists these
-files as the rule's inputs. Standard library only: the Snakefile imports this at parse time.
+Snakemake does not rerun a rule when an imported module changes, so the workflow lists these files
+as the rule's inputs. Resolution is per file: `from ..tagging import train` brings
+`tagging/__init__.py` and `tagging/train.py`, not the rest of `tagging/`. Given a subcommand's
+function, only the imports that function reaches count (the module's top-level imports, its own
+body, and the module-level functions and classes it names, transitively), so that `tagging train`
+does not depend on what `tagging step-time` imports. Standard library only: the Snakefile imports
+this at parse time.
 """
 
 from __future__ import annotations
@@ -9,41 +14,72 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ALWAYS = ("__init__", "cli")  # the package's import and the dispatcher run for every command
+# The package's import and the dispatcher run for every command.
+ALWAYS = ("encoder_study", "encoder_study.cli")
 
 
-def imports(package_dir: Path, module: str) -> set[str]:
-    """Modules of the package that `module` imports, relatively or by the package's name."""
-    package = package_dir.name
-    tree = ast.parse((package_dir / f"{module}.py").read_text(encoding="utf-8"))
+def _file(root: Path, module: str) -> Path | None:
+    """The file of a dotted module name under `root` (the folder holding the package), if any."""
+    base = root.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _is_package(root: Path, module: str) -> bool:
+    return (root.joinpath(*module.split(".")) / "__init__.py").is_file()
+
+
+def _imported(root: Path, module: str, nodes: list[ast.AST]) -> set[str]:
+    """Dotted names of the package's modules imported anywhere inside `nodes`."""
+    package = module.split(".")[0]
+    here = module if _is_package(root, module) else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 1 and node.module:
-                names = [node.module.split(".")[0]]
-            elif node.level == 1 or node.module == package:
-                names = [alias.name for alias in node.names]
-            elif (node.module or "").startswith(package + "."):
-                names = [node.module.split(".")[1]]
+    for node in (n for top in nodes for n in ast.walk(top)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == package)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = here.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                target = f"{base}.{node.module}" if node.module else base
             else:
+                target = node.module or ""
+            if target.split(".")[0] != package:
                 continue
-        elif isinstance(node, ast.Import):
-            names = [a.name.split(".")[1] for a in node.names if a.name.startswith(package + ".")]
-        else:
+            found.add(target)
+            # `from x import y` imports module x.y when y is a module rather than a name in x.
+            found.update(f"{target}.{a.name}" for a in node.names if _file(root, f"{target}.{a.name}"))
+    return {name for name in found if _file(root, name)}
+
+
+def _reached(tree: ast.Module, function: str) -> list[ast.AST]:
+    """The top-level statements that are not definitions, plus `function` and what it names."""
+    defined = {n.name: n for n in tree.body
+               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    if function not in defined:
+        raise KeyError(f"no function {function!r} at the top level")
+    nodes: list[ast.AST] = [n for n in tree.body if n.__class__ not in
+                            (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)]
+    todo, seen = [function], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
             continue
-        found.update(n for n in names if (package_dir / f"{n}.py").exists() or (package_dir / n).is_dir())
-    return found
+        seen.add(name)
+        nodes.append(defined[name])
+        todo.extend(n.id for n in ast.walk(defined[name]) if isinstance(n, ast.Name) and n.id in defined)
+    return nodes
 
 
-def _sources(package_dir: Path, name: str) -> list[Path]:
-    """A module's file, or every file of a subpackage."""
-    if (package_dir / name).is_dir():
-        return sorted((package_dir / name).rglob("*.py"))
-    return [package_dir / f"{name}.py"]
+def code_files(root: str | Path, module: str, function: str | None = None) -> list[str]:
+    """Every package file that running `module` (or only its `function`) executes, sorted.
 
-
-def code_files(package_dir: str | Path, module: str) -> list[str]:
-    package_dir = Path(package_dir)
+    `root` is the folder that holds the package (workflow/lib); `module` is dotted
+    (`encoder_study.commands.tagging`).
+    """
+    root = Path(root)
     seen: set[str] = set()
     todo = [module, *ALWAYS]
     while todo:
@@ -51,24 +87,10 @@ def code_files(package_dir: str | Path, module: str) -> list[str]:
         if name in seen:
             continue
         seen.add(name)
-        if (package_dir / f"{name}.py").exists():
-            todo.extend(imports(package_dir, name))
-        else:  # a subpackage: follow the imports of each of its files
-            for path in _sources(package_dir, name):
-                sub = path.relative_to(package_dir / name).with_suffix("").as_posix().replace("/", ".")
-                todo.extend(_subpackage_imports(package_dir, name, sub))
-    return sorted(str(p) for n in seen for p in _sources(package_dir, n))
-
-
-def _subpackage_imports(package_dir: Path, subpackage: str, module: str) -> set[str]:
-    """Imports of a subpackage's module that reach the parent package (`from .. import x`)."""
-    path = package_dir / subpackage / f"{module}.py"
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 2:
-            names = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
-            found.update(n for n in names if (package_dir / f"{n}.py").exists() or (package_dir / n).is_dir())
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package_dir.name + "."):
-            found.add(node.module.split(".")[1])
-    return found
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # parents' __init__ run first
+        path = _file(root, name)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        nodes = _reached(tree, function) if name == module and function else [tree]
+        todo.extend(_imported(root, name, nodes))
+    return sorted(str(_file(root, name)) for name in seen)

@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import acquire, files, manifest, provenance
+from . import files, manifest, provenance
+from .errors import UserError
+from .reference import HiddenStates, load_pytorch, source_dir
 from .runtime import INPUTS, OUTPUT, ort_session, pad_batch, usable_positions
 
 DYNAMIC_AXES = {
@@ -32,31 +34,8 @@ CHECK_TEXT = (
 )
 
 
-class ExportError(RuntimeError):
+class ExportError(UserError):
     pass
-
-
-class HiddenStates(torch.nn.Module):
-    """`forward(input_ids, attention_mask) -> last_hidden_state`.
-
-    Exporting a Hugging Face model directly fails in transformers 5 (keyword arguments such as
-    `use_cache` collide with the positional inputs), so the exporter sees this wrapper instead.
-    """
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-
-def load_pytorch(model_dir: str | os.PathLike) -> torch.nn.Module:
-    """The encoder in float32, eval mode, eager attention."""
-    from transformers import AutoModel
-
-    model = AutoModel.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
-    return model.eval()
 
 
 def check_batch(tokenizer_path: str | os.PathLike, config) -> tuple[np.ndarray, np.ndarray]:
@@ -92,7 +71,7 @@ def export(source_json: str | os.PathLike, out_dir: str | os.PathLike, settings:
 
     threads = max(1, min(settings.threads, os.cpu_count() or 1))
     torch.set_num_threads(threads)
-    model_dir, source = acquire.model_dir(source_json)
+    model_dir, source = source_dir(source_json)
     model = load_pytorch(model_dir)
     wrapper = HiddenStates(model).eval()  # the exporter restores the wrapper's mode: it must be eval
     input_ids, mask = check_batch(model_dir / "tokenizer.json", model.config)
@@ -180,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 ["model", "lengths", "max_abs", "max_value", "relative", "tolerance"],
                 [(record["model"], " ".join(map(str, check["lengths"])), f"{check['max_abs']:.3g}",
                   f"{check['max_value']:.4g}", f"{check['relative']:.3g}", check["tolerance"])], "llrrrr"))
-    except (ExportError, acquire.SourceError, files.IntegrityError) as err:
+    except UserError as err:
         print(f"encoder-study export: error: {err}", file=sys.stderr)
         return 2
     return 0

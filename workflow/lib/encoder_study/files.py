@@ -13,14 +13,16 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from .errors import UserError
+
 CHUNK = 1 << 20
 
 
-class IntegrityError(RuntimeError):
+class IntegrityError(UserError):
     """A file is missing or its bytes are not the ones a manifest promises."""
 
 
-class DownloadError(RuntimeError):
+class DownloadError(UserError):
     """A source cannot be read or downloaded; the message names it and the way around it."""
 
 
@@ -112,7 +114,7 @@ def write_torch(target: str | os.PathLike, obj) -> None:
         tmp.write_bytes(buffer.getvalue())
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError):
     """A checkpoint cannot be resumed: it belongs to another run, or it is not a checkpoint."""
 
 

@@ -18,11 +18,12 @@ from pathlib import Path
 import numpy as np
 
 from . import manifest, runtime
+from .errors import UserError
 from .runtime import INPUTS, OPTIMIZATIONS, OUTPUT, usable_positions
 from .tokens import Doc, DocPieces, PieceTokenizer, check_pooling, join_word_pieces
 
 
-class EncoderError(RuntimeError):
+class EncoderError(UserError):
     """The model directory cannot be used: the message names the file."""
 
 

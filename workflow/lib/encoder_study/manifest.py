@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from . import files
+from .errors import UserError
 
 MANIFEST = "export.json"
 ONNX_FILE = "model.onnx"
@@ -19,7 +20,7 @@ CONFIG_FILE = "model.config.json"
 MODEL_FILES = (ONNX_FILE, TOKENIZER_FILE, CONFIG_FILE)  # what an encoder reads from an export
 
 
-class ManifestError(RuntimeError):
+class ManifestError(UserError):
     pass
 
 

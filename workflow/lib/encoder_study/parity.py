@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import acquire, export, files, manifest, provenance, tables
-from .runtime import ort_session, pad_batch, usable_positions
+from . import files, manifest, provenance, reference, tables
+from .errors import UserError
+from .runtime import OUTPUT, ort_session, pad_batch, usable_positions
 
 INFERENCE_COLUMNS = ["model", "tokens", "texts", "truncated", "max_abs", "mean_abs", "min_cos", "mean_cos",
                      "max_value", "batch_max_abs"]
@@ -27,7 +28,7 @@ COMPARISONS = ("trainable vs pytorch", "trainable vs graph runtime", "graph runt
 LATENCY_COLUMNS = ["model", "runtime", "threads", "batch", "seq_len", "median_ms", "min_ms", "max_ms", "runs"]
 
 
-class ParityError(RuntimeError):
+class ParityError(UserError):
     pass
 
 
@@ -62,11 +63,11 @@ class Model:
     def load(cls, model_dir: str | os.PathLike, source_json: str | os.PathLike) -> Model:
         model_dir = Path(model_dir)
         record = manifest.verified_model(model_dir)
-        source_dir, source = acquire.model_dir(source_json)
+        source_dir, source = reference.source_dir(source_json)
         if source["tree_sha256"] != record["source_tree_sha256"]:
             raise ParityError(f"{source_json} describes another source than {model_dir / manifest.MANIFEST} "
                               "was exported from; re-export the model")
-        model = export.load_pytorch(source_dir)
+        model = reference.load_pytorch(source_dir)
         pad = model.config.pad_token_id
         return cls(record["model"], model_dir / manifest.ONNX_FILE, model_dir / manifest.TOKENIZER_FILE,
                    model, usable_positions(model.config.to_dict()), 0 if pad is None else int(pad))
@@ -124,7 +125,7 @@ def inference_parity(model: Model, texts: list[str], threads: int, batch: int = 
     for row in rows:
         ids, mask = pad_batch([row], model.pad_id)
         ref = _torch_states(model.torch_model, ids, mask)[0]
-        got = session.run([export.OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
+        got = session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
         diff, cos = token_differences(ref, got)
         per_token.append(diff)
         cosines.append(cos)
@@ -136,7 +137,7 @@ def inference_parity(model: Model, texts: list[str], threads: int, batch: int = 
     for start in range(0, len(rows), batch):
         chunk = rows[start:start + batch]
         ids, mask = pad_batch(chunk, model.pad_id)
-        out = session.run([export.OUTPUT], {"input_ids": ids, "attention_mask": mask})[0]
+        out = session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})[0]
         for i, row in enumerate(chunk):
             batch_max = max(batch_max, float(np.abs(out[i, : len(row)] - singles[start + i]).max()))
     diffs, cos = np.concatenate(per_token), np.concatenate(cosines)
@@ -185,7 +186,7 @@ def trainable_parity(model: Model, texts: list[str], threads: int, batch: int = 
     for row in rows:
         ids, mask = pad_batch([row], model.pad_id)
         reference = _torch_states(model.torch_model, ids, mask)[0]
-        graph = session.run([export.OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
+        graph = session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
         with torch.no_grad():
             mine = encoder(torch.from_numpy(ids), torch.from_numpy(mask))[0].numpy()
         pairs["trainable vs pytorch"].add(reference, mine)
@@ -228,7 +229,7 @@ def latency(model: Model, threads: int, batches: tuple[int, ...] = (1, 8), seq_l
         mask = np.ones_like(ids)
         feeds = {"input_ids": ids, "attention_mask": mask}
         calls = {
-            "onnxruntime": lambda feeds=feeds: session.run([export.OUTPUT], feeds),
+            "onnxruntime": lambda feeds=feeds: session.run([OUTPUT], feeds),
             "pytorch": lambda ids=ids, mask=mask: _torch_states(model.torch_model, ids, mask),
         }
         for runtime, fn in calls.items():

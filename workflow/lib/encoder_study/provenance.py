@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from . import files
+from .tables import markdown_table
 
 LIBRARIES = (
     "torch", "transformers", "tokenizers", "onnx", "onnxruntime", "numpy",
@@ -70,19 +71,6 @@ def machine() -> dict[str, str]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
     }
-
-
-def _cell(value) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(header: list[str], rows: Iterable[Iterable], align: str | None = None) -> str:
-    """A GitHub Markdown table; `align` is one of 'l'/'r' per column."""
-    align = align or "l" * len(header)
-    rule = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
 
 
 def _expand(paths: Iterable[str | os.PathLike]) -> list[Path]:

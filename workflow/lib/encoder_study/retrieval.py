@@ -32,7 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import acquire, export, files, provenance, runtime, tables
+from . import acquire, files, provenance, runtime, tables
+from .errors import UserError
+from .reference import HiddenStates, load_pytorch, source_dir
 from .runtime import INPUTS, ort_session, usable_positions
 
 OUTPUTS = ("dense", "sparse", "colbert")
@@ -66,7 +68,7 @@ COLBERT_NOTE = (
     "FlagEmbedding's vectors.")
 
 
-class RetrievalError(RuntimeError):
+class RetrievalError(UserError):
     pass
 
 
@@ -184,7 +186,7 @@ class RetrievalModel(torch.nn.Module):
 
     def __init__(self, encoder: torch.nn.Module, heads: Heads, vocab_size: int, ignored: list[int]):
         super().__init__()
-        self.encoder = export.HiddenStates(encoder)
+        self.encoder = HiddenStates(encoder)
         self.colbert = heads.colbert
         self.sparse = heads.sparse
         self.vocab_size = int(vocab_size)
@@ -440,8 +442,8 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
                              "machine that made it)")
     threads = max(1, min(settings.threads, os.cpu_count() or 1))
     torch.set_num_threads(threads)
-    model_dir, source = acquire.model_dir(source_json)
-    encoder = export.load_pytorch(model_dir)
+    model_dir, source = source_dir(source_json)
+    encoder = load_pytorch(model_dir)
     config = encoder.config
     heads = load_heads(heads_dir if heads_dir is not None else model_dir, int(config.hidden_size))
     ignored = ignored_ids(model_dir, config)
@@ -563,7 +565,7 @@ def verify(directory: str | os.PathLike, manifest_name: str = MANIFEST) -> list[
 def _heads_command(args) -> int:
     with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
         frag.inputs.append(args.source)
-        model_dir, _ = acquire.model_dir(args.source)
+        model_dir, _ = source_dir(args.source)
         width = int(json.loads((model_dir / "config.json").read_text(encoding="utf-8"))["hidden_size"])
         frag.outputs += save_heads(random_heads(width, args.seed), args.out_dir)
         frag.note(f"Random heads for a width of {width}: {COLBERT_FILE} weight [{width}, {width}], "

@@ -56,6 +56,7 @@ from pathlib import Path
 import regex
 
 from . import files, provenance
+from .errors import UserError
 
 TATOEBA_URL = "https://downloads.tatoeba.org/exports/sentences.tar.bz2"
 UDHR_URL = "https://unicode.org/udhr/assemblies/udhr_xml.zip"
@@ -135,7 +136,7 @@ UDHR_FILE = re.compile(r"(?:^|/)udhr_([^/]+)\.xml$")
 MYSQL_ESCAPES = {"0": "\0", "b": "\b", "n": "\n", "r": "\r", "t": "\t", "Z": "\x1a"}
 
 
-class TextError(ValueError):
+class TextError(UserError, ValueError):
     """A source or a request the selection cannot use; the message names the place and the fix."""
 
 

@@ -15,6 +15,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from . import files
+from .errors import UserError
 
 # Characters the tiny tokenizers know, by script; everything else becomes the unknown token.
 _RANGES = [
@@ -101,7 +102,7 @@ def unigram_tokenizer(specials: dict[str, str]) -> Tokenizer:
 TOKENIZERS = {"wordpiece": wordpiece_tokenizer, "unigram": unigram_tokenizer}
 
 
-class ArchitectureError(ValueError):
+class ArchitectureError(UserError, ValueError):
     pass
 
 

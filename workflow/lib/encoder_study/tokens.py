@@ -29,12 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import UserError
+
 POOLINGS = ("mean", "first")
 # Two different probes: the specials must not depend on the text, or windows could not share them.
 PROBES = ("probe", "two words")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """tokenizer.json cannot be loaded or does not wrap texts the way windows need."""
 
 

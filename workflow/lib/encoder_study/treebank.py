@@ -43,6 +43,7 @@ from conllu.exceptions import ParseException
 from conllu.parser import parse_comment_line, parse_id_value
 
 from . import files, provenance
+from .errors import UserError
 from .tokens import Doc
 
 UPOS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN",
@@ -55,7 +56,7 @@ SIZES = {"train": 1500, "dev": 300, "test": 300}
 _UPOS_COLUMN = COLUMNS.index("UPOS")
 
 
-class TreebankError(ValueError):
+class TreebankError(UserError, ValueError):
     """A treebank file cannot be read or fetched; the message names the file, the line and the fix."""
 
 

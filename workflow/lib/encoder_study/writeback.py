@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from . import files
+from .errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ FIX = ("write the graph again in one piece (onnx.save(onnx.load(path), path, sav
        "or export it again with encoder_study.export")
 
 
-class WritebackError(ValueError):
+class WritebackError(UserError, ValueError):
     """The graph cannot be patched as asked; the message names the file and what to do."""
 
 

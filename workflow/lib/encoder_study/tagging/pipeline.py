@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from .. import files, manifest
+from ..errors import UserError
 from ..frozen import FrozenEncoder
 from ..trainable.words import TrainableEncoder
 from .tagger import KINDS, MODEL_FILES, Tagger
@@ -66,7 +67,7 @@ HEAD = "head."
 ENCODER = "encoder/"  # prefix of the fine-tuned layers' tensors
 
 
-class PipelineError(RuntimeError):
+class PipelineError(UserError):
     """A pipeline file cannot be read or used; the message names the file and what to do."""
 
 

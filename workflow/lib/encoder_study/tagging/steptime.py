@@ -29,7 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import acquire, export, manifest, trainable
+from .. import manifest, reference, trainable
+from ..errors import UserError
 from ..treebank import UPOS
 
 COLUMNS = ["model", "implementation", "forward_s", "backward_s", "clip_s", "optimizer_s", "total_s",
@@ -37,7 +38,7 @@ COLUMNS = ["model", "implementation", "forward_s", "backward_s", "clip_s", "opti
 IMPLEMENTATIONS = ("encoder_study", "transformers")
 
 
-class StepTimeError(RuntimeError):
+class StepTimeError(UserError):
     pass
 
 
@@ -111,12 +112,12 @@ def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batc
         raise ValueError("steps, batch and length must be positive and warmup 0 or more")
     model_dir = Path(model_dir)
     record = manifest.verified_model(model_dir)
-    source_dir, source = acquire.model_dir(source_json)
+    source_dir, source = reference.source_dir(source_json)
     if source.get("tree_sha256") != record.get("source_tree_sha256"):
         raise StepTimeError(f"{source_json} describes another source than {model_dir / manifest.MANIFEST} "
                             "was exported from; give the source of this export, or re-export the model")
     ours = trainable.load(model_dir)  # token table frozen, as in fine-tuning
-    theirs = export.HiddenStates(export.load_pytorch(source_dir)).eval()  # no dropout
+    theirs = reference.HiddenStates(reference.load_pytorch(source_dir)).eval()  # no dropout
     theirs.model.get_input_embeddings().weight.requires_grad_(False)
     pad = theirs.model.config.pad_token_id
     ids, mask, gold = _batch(ours.tokens.weight.shape[0], 0 if pad is None else int(pad), batch, length, seed)

@@ -21,12 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UserError
+
 ANONYMOUS = "onnx::"  # prefix of the TorchScript exporter's unnamed values
 REEXPORT = ("Export the model again with encoder_study.export (torch.onnx.export(..., dynamo=False, "
             "do_constant_folding=True) on a module that wraps the Hugging Face model).")
 
 
-class GraphError(ValueError):
+class GraphError(UserError, ValueError):
     """The graph cannot be read by these rules; the message says why and what to do."""
 
 
