@@ -17,7 +17,8 @@ import pytest
 import regex
 
 from conftest import ROOT
-from encoder_study import files, texts
+from encoder_study import files
+from encoder_study.data import texts
 
 SAMPLE_TATOEBA = ROOT / "config" / "texts" / "tatoeba_sample.tsv"
 SAMPLE_UDHR = ROOT / "config" / "texts" / "udhr_sample"

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from encoder_study import files, treebank
+from encoder_study import files
+from encoder_study.data import conllu
 from encoder_study.frozen import FrozenEncoder
 from encoder_study.tagging import pipeline
 from encoder_study.tagging.tagger import Tagger
@@ -26,7 +27,7 @@ GRAPH = "pipeline.encoder0.onnx"
 def test_docs(tmp_path_factory) -> list:
     paths = treebank.write_synthetic(tmp_path_factory.mktemp("bank"), seed=0,
                                      sizes={"train": 2, "dev": 2, "test": 24})
-    return [s.doc() for s in treebank.read_conllu(paths["test"])]
+    return [s.doc() for s in conllu.read_conllu(paths["test"])]
 
 
 def finetuned(model_dir, pooling="mean", train_tokens=False, seed=1) -> Tagger:

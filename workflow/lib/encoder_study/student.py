@@ -154,7 +154,7 @@ def _export(args) -> int:
 def _parity(args) -> int:
     import torch
 
-    from . import texts
+    from .data import texts
     from .distill import export, train
 
     threads = _threads(args.threads)

@@ -37,7 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import files, manifest, provenance, tables, treebank
+from . import files, manifest, provenance, tables
+from .data import conllu
 from .tagging import pipeline
 
 PARITY_COLUMNS = ["run", "encoder", "comparison", "tokens", "max_abs", "mean_abs", "max_value", "min_cos"]
@@ -174,14 +175,14 @@ def parity_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike,
     """The written graph (ONNX Runtime) and the export's graph against the modules, every token."""
     import torch
 
-    from . import parity, runtime
+    from . import compare, runtime
 
     modules = pipeline.load(inline, threads=threads).encoder
     graph = pipeline.load(written, threads=threads).encoder
     torch.set_num_threads(threads)
     export = runtime.ort_session(graph.model_dir / manifest.ONNX_FILE, graph.threads, graph.optimization)
     # The parity recipe's tokenisation: the tokenizer's special tokens, cut to the model's positions.
-    reader = parity.Model(graph.manifest.get("model", ""), graph.graph,
+    reader = compare.Model(graph.manifest.get("model", ""), graph.graph,
                           graph.model_dir / manifest.TOKENIZER_FILE, None,
                           runtime.usable_positions(graph.config), graph.pad_id)
     rows, _ = reader.encode(texts)
@@ -192,7 +193,7 @@ def parity_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike,
                 .numpy() for f in feeds]
     pairs = {}
     for name, session in zip(COMPARISONS, (graph.session, export), strict=True):
-        pairs[name] = parity.Accumulator()
+        pairs[name] = compare.Accumulator()
         for reference, f in zip(mine, feeds, strict=True):
             pairs[name].add(reference, session.run([runtime.OUTPUT], f)[0][0])
     encoder = graph.manifest.get("model", "")
@@ -209,7 +210,7 @@ def parity_markdown(rows: list[dict]) -> str:
 
 
 def _parity(args, frag: provenance.Fragment) -> None:
-    from .parity import read_texts
+    from .compare import read_texts
 
     threads = _threads(args.threads)
     frag.inputs.append(args.texts)
@@ -237,7 +238,7 @@ def agreement_row(run: str, inline: str | os.PathLike, written: str | os.PathLik
     ours = graph.predict(docs)
     theirs = pipeline.load(inline, threads=threads).predict(docs)
     differing = sum(a != b for p, q in zip(ours, theirs, strict=True) for a, b in zip(p, q, strict=True))
-    treebank.write_predictions(sentences, ours, pred_out)
+    conllu.write_predictions(sentences, ours, pred_out)
     gold = [s.upos for s in sentences]
     accuracy = evaluate.accuracy_interval(gold, ours, resamples=resamples, seed=seed)
     inline_upos = evaluate.accuracy_interval(gold, theirs, resamples=resamples, seed=seed).upos
@@ -259,7 +260,7 @@ def agreement_markdown(rows: list[dict]) -> str:
 def _agreement(args, frag: provenance.Fragment) -> None:
     threads = _threads(args.threads)
     frag.inputs.append(args.test)
-    sentences = treebank.read_conllu(args.test)
+    sentences = conllu.read_conllu(args.test)
     rows = []
     for run, inline, written in sorted(args.run):
         frag.inputs += _run_inputs(inline, written)
@@ -319,12 +320,12 @@ def speed_markdown(rows: list[dict]) -> str:
 
 
 def _speed(args, frag: provenance.Fragment) -> None:
-    from .parity import load_average
+    from .machine import load_average
 
     threads = _threads(args.threads)
     counts = sorted({1, threads})
     frag.inputs.append(args.test)
-    sentences = treebank.read_conllu(args.test)[:args.sentences]
+    sentences = conllu.read_conllu(args.test)[:args.sentences]
     before = load_average()
     rows = []
     for run, inline, written in sorted(args.run):
@@ -344,8 +345,8 @@ def _speed(args, frag: provenance.Fragment) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`encoder-study written pipeline|parity|agreement|speed ...`: fine-tuned weights in the graph."""
+    from .compare import ParityError
     from .frozen import EncoderError
-    from .parity import ParityError
 
     parser = argparse.ArgumentParser(prog="encoder-study written", description=main.__doc__)
     sub = parser.add_subparsers(dest="action", required=True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import texts
+from ..data import texts
 from ..tokens import PieceTokenizer
 
 TRAIN_STREAM, STATS_STREAM = 0, 1  # separate draws for training batches and the statistics sample

@@ -347,20 +347,20 @@ def student_parity(pytorch_encoder: PostNormEncoder, export_dir: str | os.PathLi
     token; `batch_equal`: padded batches of `batch` give the read-back modules exactly (bitwise) the
     rows of the texts run alone.
     """
-    from .. import parity
+    from .. import compare
 
     export_dir = Path(export_dir)
     record = manifest.verified_model(export_dir)
     config = json.loads((export_dir / manifest.CONFIG_FILE).read_text(encoding="utf-8"))
     pad = config.get("pad_token_id")
     pad_id = 0 if pad is None else int(pad)
-    model = parity.Model(record["model"], export_dir / manifest.ONNX_FILE,
+    model = compare.Model(record["model"], export_dir / manifest.ONNX_FILE,
                          export_dir / manifest.TOKENIZER_FILE, pytorch_encoder,
                          int(config["max_position_embeddings"]), pad_id)
     was = pytorch_encoder.training
     try:
         pytorch_encoder.eval()
-        rows = parity.trainable_parity(model, texts, max(1, min(threads, os.cpu_count() or 1)), batch,
+        rows = compare.trainable_parity(model, texts, max(1, min(threads, os.cpu_count() or 1)), batch,
                                        comparisons=PARITY_COMPARISONS)
     finally:
         pytorch_encoder.train(was)

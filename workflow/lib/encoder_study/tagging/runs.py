@@ -23,10 +23,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import files, treebank
+from .. import files
+from ..data import conllu
+from ..data.conllu import Sentence
 from ..frozen import FrozenEncoder
 from ..trainable.words import TrainableEncoder
-from ..treebank import Sentence
 from . import evaluate, pipeline
 from .tagger import Tagger
 from .train import TrainResult, TrainSettings, determinism, train
@@ -70,7 +71,7 @@ def build_tagger(model_dir: str | os.PathLike, mode: str, pooling: str, seed: in
 def score_split(sentences: Sequence[Sentence], predicted: Sequence[Sequence[str]], path: str | os.PathLike,
                 resamples: int, seed: int) -> evaluate.Accuracy:
     """Write the predictions file and score it: accuracy with its sentence-bootstrap interval."""
-    treebank.write_predictions(sentences, predicted, path)
+    conllu.write_predictions(sentences, predicted, path)
     return evaluate.accuracy_interval([s.upos for s in sentences], predicted, resamples=resamples, seed=seed)
 
 
@@ -91,7 +92,7 @@ def read_history(path: str | os.PathLike) -> list[tuple[int, float]]:
 
 
 def read_splits(paths: dict[str, str | os.PathLike]) -> dict[str, list[Sentence]]:
-    return {split: treebank.read_conllu(path) for split, path in paths.items()}
+    return {split: conllu.read_conllu(path) for split, path in paths.items()}
 
 
 def _split_record(path: str | os.PathLike) -> dict:
@@ -193,7 +194,7 @@ def _read_csv(path: Path) -> list[dict]:
 
 def predicted_tags(gold: Sequence[Sentence], path: str | os.PathLike) -> list[tuple[str, ...]]:
     """The UPOS of a predictions file, checked to be the gold file's sentences and words."""
-    predicted = treebank.read_conllu(path)
+    predicted = conllu.read_conllu(path)
     if [s.sent_id for s in predicted] != [s.sent_id for s in gold]:
         raise ValueError(f"{path}: not the predictions of the gold file given for its split (other "
                          "sentences or another order); give the gold file the run was scored on")
@@ -244,7 +245,7 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
         if comparisons_out is None:
             raise ValueError("comparisons asked for without a comparisons file to write")
         for split, gold_path in sorted(gold.items()):
-            gold_sentences = treebank.read_conllu(gold_path)
+            gold_sentences = conllu.read_conllu(gold_path)
             inputs.append(Path(gold_path))
             gold_tags = [s.upos for s in gold_sentences]
             tags = {}

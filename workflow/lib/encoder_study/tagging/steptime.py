@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import manifest, reference, trainable
+from ..data.conllu import UPOS
 from ..errors import UserError
-from ..treebank import UPOS
 
 COLUMNS = ["model", "implementation", "forward_s", "backward_s", "clip_s", "optimizer_s", "total_s",
            "parameters", "batch", "length", "steps", "threads", "max_abs"]

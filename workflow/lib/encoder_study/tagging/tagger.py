@@ -7,7 +7,7 @@
 
 Over a `FrozenEncoder` the word vectors come from ONNX Runtime (cached per document) and only the
 head trains; over a `TrainableEncoder` the encoder's layers train with the head. The tags are the 17
-UD tags in `treebank.UPOS` order, so logit i is tag UPOS[i] for every saved pipeline.
+UD tags in `data.conllu.UPOS` order, so logit i is tag UPOS[i] for every saved pipeline.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from .. import manifest
+from ..data.conllu import UPOS
 from ..frozen import FrozenEncoder
 from ..tokens import Doc
 from ..trainable.words import TrainableEncoder
-from ..treebank import UPOS
 
 KINDS = ("transformer", "transformer-trainable")
 MODEL_FILES = manifest.MODEL_FILES
@@ -64,7 +64,8 @@ class Tagger(nn.Module):
             raise TypeError(f"a Tagger needs a FrozenEncoder or a TrainableEncoder, not "
                             f"{type(encoder).__name__}")
         if tuple(tags) != UPOS:
-            raise ValueError(f"the tagger predicts the UD UPOS tags in treebank.UPOS order, got {list(tags)}")
+            raise ValueError(f"the tagger predicts the UD UPOS tags in data.conllu.UPOS order, "
+                             f"got {list(tags)}")
         self.encoder = encoder
         self.tags = tuple(tags)
         self.head = nn.Linear(encoder.width, len(self.tags))

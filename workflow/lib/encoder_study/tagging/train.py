@@ -48,9 +48,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import files
+from ..data.conllu import UPOS, Sentence
 from ..files import CheckpointError  # noqa: F401 -- what resuming raises; callers import it from here
 from ..trainable.common import determinism
-from ..treebank import UPOS, Sentence
 from .tagger import EVAL_BATCH_WORDS, Tagger, word_batches
 
 CHECKPOINT_FORMAT = "encoder_study.tagging.train/1"

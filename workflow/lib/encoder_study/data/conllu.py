@@ -1,0 +1,413 @@
+"""CoNLL-U treebanks for UPOS tagging: read with line-numbered errors, written back with only UPOS
+changed, and UD English-EWT fetched by URL with its SHA-256.
+
+Reading
+-------
+A file is read line by line, so that every error names its line and every sentence keeps its raw
+lines: a predictions file is the gold file with only the UPOS column of the word rows replaced, byte
+for byte otherwise, so the standard UD evaluation script reads it like the gold file. The `conllu`
+package parses the parts of a line (the ID, the comments); its own line splitter is not used because
+it strips lines, also splits columns on two spaces, and does not report line numbers.
+
+Words are the rows with an integer ID. Multiword-token rows (`3-4`) and empty nodes (`5.1`) stay in
+the raw lines but are not scored. The text an encoder reads is the sentence's `# text`: every surface
+token (a multiword token, or a word outside one) is placed in it in order, skipping whitespace
+between tokens, and a word's range is where its token was placed. The syntactic words of a multiword
+token split its range when their forms spell the surface form (`cannot` = `can` + `not` gives
+[0, 3) and [3, 6)); otherwise (Spanish `del` = `de` + `el`) each of them gets the whole surface range,
+the only part of the text the encoder can tie to it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from conllu.exceptions import ParseException
+from conllu.parser import parse_comment_line, parse_id_value
+
+from .. import files
+from ..errors import UserError
+from ..tables import markdown_table
+from ..tokens import Doc
+
+UPOS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN",
+        "PUNCT", "SCONJ", "SYM", "VERB", "X")
+COLUMNS = ("ID", "FORM", "LEMMA", "UPOS", "XPOS", "FEATS", "HEAD", "DEPREL", "DEPS", "MISC")
+SPLITS = ("train", "dev", "test")
+EWT_URL = "https://raw.githubusercontent.com/UniversalDependencies/UD_English-EWT/r2.18/en_ewt-ud-{split}.conllu"
+
+_UPOS_COLUMN = COLUMNS.index("UPOS")
+
+
+class TreebankError(UserError, ValueError):
+    """A treebank file cannot be read or fetched; the message names the file, the line and the fix."""
+
+
+def _fail(name: str, line: int, message: str) -> TreebankError:
+    return TreebankError(f"{name}:{line}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sentences
+
+
+@dataclass(frozen=True)
+class Word:
+    """A syntactic word (a row with an integer ID) and its [start, end) range in the sentence text."""
+
+    id: int
+    form: str
+    upos: str
+    start: int
+    end: int
+    line: int  # 1-based line of its row in the file
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One sentence: its id, text, words, and the raw lines it was read from.
+
+    `lines` are the file's lines with their line endings, from the sentence's first comment through
+    the blank lines after it (the first sentence also holds any blank lines before it), so joining
+    every sentence's lines gives the file back.
+    """
+
+    sent_id: str
+    text: str
+    words: tuple[Word, ...]
+    lines: tuple[str, ...]
+    first_line: int  # line number of lines[0]
+    multiword: int = 0
+    empty_nodes: int = 0
+
+    @property
+    def upos(self) -> tuple[str, ...]:
+        return tuple(w.upos for w in self.words)
+
+    def doc(self) -> Doc:
+        """The text and word ranges an encoder turns into one vector per word."""
+        return Doc(self.text, tuple((w.start, w.end) for w in self.words))
+
+    def render(self, upos: Sequence[str] | None = None) -> str:
+        """The sentence's lines, with the UPOS column of its word rows replaced by `upos` if given."""
+        if upos is None:
+            return "".join(self.lines)
+        upos = list(upos)
+        if len(upos) != len(self.words):
+            raise TreebankError(f"sentence {self.sent_id!r}: {len(upos)} predicted tags for "
+                                f"{len(self.words)} words; predict one UPOS per word (integer-ID row)")
+        lines = list(self.lines)
+        for word, tag in zip(self.words, upos, strict=True):
+            if tag not in UPOS:
+                raise TreebankError(f"sentence {self.sent_id!r}, word {word.id} {word.form!r}: predicted "
+                                    f"tag {tag!r} is not a UD UPOS tag ({' '.join(UPOS)})")
+            i = word.line - self.first_line
+            body, ending = _split_ending(lines[i])
+            columns = body.split("\t")
+            columns[_UPOS_COLUMN] = tag
+            lines[i] = "\t".join(columns) + ending
+        return "".join(lines)
+
+
+def _split_ending(line: str) -> tuple[str, str]:
+    for ending in ("\r\n", "\n"):
+        if line.endswith(ending):
+            return line[: -len(ending)], ending
+    return line, ""
+
+
+def _raw_lines(text: str) -> list[str]:
+    """Lines with their endings; only '\\n' ends a line (str.splitlines would also split on U+2028)."""
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def _content(raw: str, index: int) -> str:
+    body = _split_ending(raw)[0]
+    return body.lstrip("\ufeff") if index == 0 else body  # a byte-order mark stays in the raw line
+
+
+def parse_conllu(text: str, name: str = "<string>") -> list[Sentence]:
+    """Parse CoNLL-U text; `name` is what error messages call the file."""
+    raw = _raw_lines(text)
+    contents = [_content(line, i) for i, line in enumerate(raw)]
+    blank = [not c.strip() for c in contents]
+    blocks, i = [], 0
+    while i < len(raw) and blank[i]:
+        i += 1
+    while i < len(raw):
+        start = i
+        while i < len(raw) and not blank[i]:
+            i += 1
+        stop = i
+        while i < len(raw) and blank[i]:
+            i += 1
+        blocks.append((start, stop, i))
+    if not blocks:
+        raise _fail(name, 1, "the file holds no sentences (it is empty or blank); a CoNLL-U "
+                             "file has one block of comments and word rows per sentence: check the path or "
+                             "the download")
+    sentences, seen = [], {}
+    for k, (start, stop, end) in enumerate(blocks):
+        lines_from = 0 if k == 0 else start
+        sentence = _parse_sentence(name, contents, start, stop, tuple(raw[lines_from:end]), lines_from + 1)
+        if sentence.sent_id in seen:
+            raise _fail(name, start + 1, f"sentence id {sentence.sent_id!r} was already used by the sentence "
+                                         f"at line {seen[sentence.sent_id]}; give every sentence its own id")
+        seen[sentence.sent_id] = start + 1
+        sentences.append(sentence)
+    return sentences
+
+
+def read_conllu(path: str | os.PathLike, name: str | None = None) -> list[Sentence]:
+    """Read a CoNLL-U file; `name` (default: the path) is what error messages call it."""
+    name = str(path) if name is None else name
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise _fail(name, line, f"not UTF-8 ({err.reason} at byte {err.start}); CoNLL-U files are UTF-8: "
+                                "convert the file") from err
+    return parse_conllu(text, name)
+
+
+@dataclass
+class _Row:
+    line: int
+    columns: list[str]
+    id: int | tuple
+
+
+def _parse_sentence(name: str, contents: list[str], start: int, stop: int, lines: tuple[str, ...],
+                    first_line: int) -> Sentence:
+    """One block of non-blank lines, contents[start:stop], into a Sentence."""
+    metadata: dict[str, tuple[str, int]] = {}  # key -> (value, line)
+    rows: list[_Row] = []
+    for index in range(start, stop):
+        line, content = index + 1, contents[index]
+        if content.startswith("#"):
+            for key, value in parse_comment_line(content):
+                metadata[key] = (value, line)
+            continue
+        columns = content.split("\t")
+        if len(columns) != len(COLUMNS):
+            raise _fail(name, line, f"{len(columns)} tab-separated column(s), expected {len(COLUMNS)} "
+                                    f"({' '.join(COLUMNS)}); separate columns by single tabs and write '_' "
+                                    "in an empty column")
+        try:
+            row_id = parse_id_value(columns[0])
+        except ParseException as err:
+            row_id, reason = None, str(err)
+        else:
+            reason = "an ID is required"
+        if row_id is None:
+            raise _fail(name, line, f"bad ID {columns[0]!r} ({reason}); a row's ID is a word number (3), "
+                                    "a multiword-token range (3-4) or an empty node (3.1)")
+        rows.append(_Row(line, columns, row_id))
+
+    where = f"the sentence at lines {start + 1}-{stop}"
+    if not rows:
+        raise _fail(name, start + 1, f"{where} has comments but no word rows; remove the blank line that "
+                                     "separates these comments from their sentence, or the comments")
+    if "sent_id" not in metadata:
+        raise _fail(name, start + 1, f"{where} has no '# sent_id = ...' comment; give every sentence a "
+                                     "unique id")
+    sent_id = metadata["sent_id"][0]
+    if "text" not in metadata:
+        raise _fail(name, start + 1, f"sentence {sent_id!r} (lines {start + 1}-{stop}) has no "
+                                     "'# text = ...' comment (or an empty one); the text an encoder reads "
+                                     "comes from it: add the sentence's surface text before its first row")
+    text, text_line = metadata["text"]
+
+    # Words in order, and the surface tokens (form, first word, last word, line) to place in the text.
+    words: list[tuple[int, str, str, int]] = []  # (id, form, upos, line)
+    surface: list[tuple[str, int, int, int]] = []
+    multiword = empty = 0
+    covered_to = 0  # the last word id inside the current multiword token
+    for row in rows:
+        form = row.columns[1]
+        if isinstance(row.id, tuple) and row.id[1] == ".":
+            empty += 1  # an empty node has no surface form
+            continue
+        if isinstance(row.id, tuple):
+            first, _, last = row.id
+            if first != len(words) + 1 or last <= first:
+                raise _fail(name, row.line, f"multiword token {row.columns[0]} in sentence {sent_id!r} does "
+                                            f"not start at the next word ({len(words) + 1}) or spans fewer "
+                                            "than two words; put its row right before its first word's")
+            surface.append((form, first, last, row.line))
+            covered_to = last
+            multiword += 1
+            continue
+        if row.id != len(words) + 1:
+            raise _fail(name, row.line, f"word ID {row.id} in sentence {sent_id!r} is out of order; word IDs "
+                                        f"run 1, 2, 3, ... and this row should be {len(words) + 1}")
+        upos = row.columns[_UPOS_COLUMN]
+        if upos not in UPOS:
+            raise _fail(name, row.line, f"unknown UPOS {upos!r} for word {row.id} {form!r}; the 4th column "
+                                        f"takes one of the 17 UD tags: {' '.join(UPOS)}")
+        words.append((row.id, form, upos, row.line))
+        if row.id > covered_to:
+            surface.append((form, row.id, row.id, row.line))
+    if covered_to > len(words):
+        raise _fail(name, rows[-1].line, f"sentence {sent_id!r} has a multiword token ending at word "
+                                         f"{covered_to} but only {len(words)} words; add its words' rows")
+    if not words:
+        raise _fail(name, start + 1, f"sentence {sent_id!r} has no word rows (integer IDs)")
+
+    # Place each surface token in the text, in order.
+    ranges: dict[int, tuple[int, int]] = {}
+    pos = 0
+    for form, first, last, line in surface:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if not form or not text.startswith(form, pos):
+            raise _fail(name, line, f"sentence {sent_id!r}: the form {form!r} cannot be placed in the "
+                                    f"# text (line {text_line}) at character {pos}, where it reads "
+                                    f"{text[pos:pos + 20]!r}; the # text must be the forms in order, joined "
+                                    "by spaces (nothing after SpaceAfter=No): fix the # text or the form")
+        start_char, pos = pos, pos + len(form)
+        members = [words[i - 1][1] for i in range(first, last + 1)]
+        if last > first and "".join(members) == form:
+            at = start_char
+            for i, member in zip(range(first, last + 1), members, strict=True):
+                ranges[i] = (at, at + len(member))
+                at += len(member)
+        else:
+            for i in range(first, last + 1):
+                ranges[i] = (start_char, pos)
+    if text[pos:].strip():
+        raise _fail(name, text_line, f"sentence {sent_id!r}: the # text goes on after the last form: "
+                                     f"{text[pos:pos + 20]!r} at character {pos} matches no word row; "
+                                     "fix the # text or add the missing rows")
+    return Sentence(
+        sent_id=sent_id,
+        text=text,
+        words=tuple(Word(i, f, u, *ranges[i], line) for i, f, u, line in words),
+        lines=lines,
+        first_line=first_line,
+        multiword=multiword,
+        empty_nodes=empty,
+    )
+
+
+def render(sentences: Sequence[Sentence], predicted_upos: Sequence[Sequence[str]] | None = None) -> str:
+    """The file the sentences were read from, with the UPOS column replaced by the predictions if given."""
+    if predicted_upos is None:
+        return "".join(s.render() for s in sentences)
+    predicted_upos = list(predicted_upos)
+    if len(predicted_upos) != len(sentences):
+        raise TreebankError(f"{len(predicted_upos)} predicted sentences for {len(sentences)} sentences; "
+                            "predict every sentence, in the file's order")
+    return "".join(s.render(tags) for s, tags in zip(sentences, predicted_upos, strict=True))
+
+
+def write_predictions(sentences: Sequence[Sentence], predicted_upos: Sequence[Sequence[str]],
+                      path: str | os.PathLike) -> None:
+    """Write the gold file with only the UPOS of its word rows replaced by the predictions (atomically)."""
+    data = render(sentences, predicted_upos).encode("utf-8")
+    with files.atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Summaries
+
+
+def upos_counts(sentences: Iterable[Sentence]) -> Counter:
+    return Counter(tag for s in sentences for tag in s.upos)
+
+
+def most_frequent_tag_accuracy(train: Sequence[Sentence], test: Sequence[Sentence]) -> float:
+    """Accuracy on `test` of tagging each form with its most frequent tag in `train` (ties: the tag
+    first in UPOS order), and a form never seen with the most frequent tag overall."""
+    by_form: dict[str, Counter] = defaultdict(Counter)
+    for s in train:
+        for w in s.words:
+            by_form[w.form][w.upos] += 1
+    overall = upos_counts(train)
+    fallback = min(overall, key=lambda t: (-overall[t], t)) if overall else "NOUN"
+    best = {form: min(c, key=lambda t: (-c[t], t)) for form, c in by_form.items()}
+    gold = [(w.form, w.upos) for s in test for w in s.words]
+    if not gold:
+        return float("nan")
+    return sum(best.get(form, fallback) == tag for form, tag in gold) / len(gold)
+
+
+def splits_table(by_split: dict[str, Sequence[Sentence]]) -> str:
+    """Per split: sentences, words, multiword tokens, empty nodes, forms, forms seen with several tags."""
+    rows = []
+    for split, sentences in by_split.items():
+        tags_of: dict[str, set] = defaultdict(set)
+        for s in sentences:
+            for w in s.words:
+                tags_of[w.form].add(w.upos)
+        rows.append((split, len(sentences), sum(len(s.words) for s in sentences),
+                     sum(s.multiword for s in sentences), sum(s.empty_nodes for s in sentences),
+                     len(tags_of), sum(len(t) > 1 for t in tags_of.values())))
+    header = ["split", "sentences", "words", "multiword tokens", "empty nodes", "forms", "ambiguous forms"]
+    return markdown_table(header, rows, "lrrrrrr")
+
+
+def upos_table(by_split: dict[str, Sequence[Sentence]]) -> str:
+    """UPOS counts (and share of words) per split, one row per tag."""
+    counts = {split: upos_counts(s) for split, s in by_split.items()}
+    rows = []
+    for tag in UPOS:
+        row = [tag]
+        for split in by_split:
+            total = sum(counts[split].values()) or 1
+            row.append(f"{counts[split][tag]} ({100 * counts[split][tag] / total:.1f}%)")
+        rows.append(row)
+    return markdown_table(["UPOS", *by_split], rows, "l" + "r" * len(by_split))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fetching
+
+
+local_path = files.local_path  # a plain path or file:// URL -> Path; a network URL -> None
+
+
+def pinned(sha256: str | None) -> str | None:
+    """A pinned SHA-256 in lowercase, or None when none is pinned ('' or None)."""
+    try:
+        return files.pinned(sha256)
+    except ValueError as err:
+        raise TreebankError(str(err)) from err
+
+
+@dataclass(frozen=True)
+class Fetched:
+    path: Path
+    sha256: str
+    pinned: bool
+    sentences: list[Sentence]
+
+
+def fetch(source: str, dest: str | os.PathLike, sha256: str | None = None, timeout: float = 60.0) -> Fetched:
+    """Download `source` (http(s) URL, file:// URL or path) to `dest`, check it, and read it.
+
+    The bytes go to a temporary name beside `dest`, which gets them only when the SHA-256 matches the
+    pin (if one is given) and the file reads as CoNLL-U; otherwise `dest` is left as it was. Without a
+    pin, the returned hash is what the caller records.
+    """
+    expected = pinned(sha256)
+    sentences: list[Sentence] = []
+
+    def parse(tmp: Path) -> None:  # before the rename: a malformed file never reaches dest
+        sentences.extend(read_conllu(tmp, name=source))
+
+    try:
+        actual = files.download(source, dest, expected, timeout=timeout, validate=parse)
+    except files.DownloadError as err:
+        raise TreebankError(str(err)) from err
+    return Fetched(Path(dest), actual, expected is not None, sentences)

@@ -1,0 +1,596 @@
+"""The multilingual texts the parity tables are computed on: Tatoeba sentences and UDHR paragraphs.
+
+Sources, read with the standard library:
+
+- Tatoeba's weekly export `sentences.csv` (inside https://downloads.tatoeba.org/exports/sentences.tar.bz2,
+  or extracted). MySQL writes it with `SELECT ... INTO OUTFILE`: one sentence a line, three fields
+  separated by tabs (sentence id, ISO 639-3 code or `\\N` for none, text); a backslash escapes a
+  tab, a newline or a backslash inside the text, and `\\N` alone is NULL.
+- The UDHR in XML (https://unicode.org/udhr/assemblies/udhr_xml.zip): one `udhr_<key>.xml` per
+  translation, root `udhr` in namespace http://www.unhchr.ch/udhr with attributes `key`, `n` (the
+  name), `xml:lang`, and usually `iso639-3` and `iso15924`. Paragraphs are the `para` elements of
+  the `preamble` and of each `article` (also those inside lists); titles are not text.
+
+Selection (the same records for every model, so the parity tables compare models on equal texts):
+
+1. Eligible texts are those whose language is in `LANGUAGES` (or in the languages asked for).
+   A Tatoeba sentence takes its script from the registry; a UDHR paragraph from its file's
+   `iso15924` (so Serbian in Cyrillic and in Latin are two groups), else from the registry.
+2. Each text gets a rank: the SHA-256 of (seed, source, text id). Within a (language, script)
+   group, texts are taken in rank order. The rank depends on nothing but the seed and the id, so the
+   selection is the same whatever the order of the lines or files, and the reader can keep only the
+   best-ranked texts of each group while it streams a 13-million-line export.
+3. Groups are visited so that scripts alternate: one group of every script, then a second group of
+   every script that has one, and so on (which group of a script and which script come first is also
+   decided by the seeded hash). Pass 1 takes the best-ranked text of every group in that order,
+   pass 2 the second-best, ... until the count is reached. So a selection smaller than the number
+   of groups still covers as many scripts as it can, and a larger one as many languages as exist.
+4. Each text is stripped of surrounding whitespace and cut to at most `max_chars` Unicode code
+   points at a grapheme cluster boundary (`regex`'s `\\X`), so no combining sequence, emoji ZWJ
+   sequence, flag or Hangul syllable written in jamo is split. Texts are not normalized: decomposed
+   text stays decomposed, and zero-width characters stay, because tokenizers must cope with both.
+5. Fewer eligible texts than asked for is an error, not a smaller table.
+
+Output: `parity_texts.jsonl`, one JSON object a line (id, source, lang, script, text, chars,
+truncated), sorted by source, language, script and id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import heapq
+import io
+import json
+import os
+import re
+import tarfile
+import xml.etree.ElementTree as ET
+import zipfile
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import regex
+
+from .. import files
+from ..errors import UserError
+from ..tables import markdown_table
+
+TATOEBA_URL = "https://downloads.tatoeba.org/exports/sentences.tar.bz2"
+UDHR_URL = "https://unicode.org/udhr/assemblies/udhr_xml.zip"
+UDHR_NS = "http://www.unhchr.ch/udhr"
+XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
+SOURCES = ("tatoeba", "udhr")
+
+# ISO 639-3 code -> (English name, main ISO 15924 script). Languages that Tatoeba writes in several
+# scripts (Serbian, Mandarin, Uzbek, ...) get the main one; UDHR files name their own script.
+LANGUAGES: dict[str, tuple[str, str]] = {
+    # Latin
+    "afr": ("Afrikaans", "Latn"), "aze": ("Azerbaijani", "Latn"), "bos": ("Bosnian", "Latn"),
+    "bre": ("Breton", "Latn"), "cat": ("Catalan", "Latn"), "ceb": ("Cebuano", "Latn"),
+    "ces": ("Czech", "Latn"), "cym": ("Welsh", "Latn"), "dan": ("Danish", "Latn"),
+    "deu": ("German", "Latn"), "eng": ("English", "Latn"), "epo": ("Esperanto", "Latn"),
+    "est": ("Estonian", "Latn"), "eus": ("Basque", "Latn"), "fao": ("Faroese", "Latn"),
+    "fin": ("Finnish", "Latn"), "fra": ("French", "Latn"), "fry": ("Western Frisian", "Latn"),
+    "gla": ("Scottish Gaelic", "Latn"), "gle": ("Irish", "Latn"), "glg": ("Galician", "Latn"),
+    "hat": ("Haitian Creole", "Latn"), "hau": ("Hausa", "Latn"), "hrv": ("Croatian", "Latn"),
+    "hun": ("Hungarian", "Latn"), "ibo": ("Igbo", "Latn"), "ind": ("Indonesian", "Latn"),
+    "isl": ("Icelandic", "Latn"), "ita": ("Italian", "Latn"), "jav": ("Javanese", "Latn"),
+    "kmr": ("Northern Kurdish", "Latn"), "lat": ("Latin", "Latn"), "lav": ("Latvian", "Latn"),
+    "lit": ("Lithuanian", "Latn"), "ltz": ("Luxembourgish", "Latn"), "lvs": ("Standard Latvian", "Latn"),
+    "mlt": ("Maltese", "Latn"), "mri": ("Maori", "Latn"), "msa": ("Malay", "Latn"),
+    "nld": ("Dutch", "Latn"), "nno": ("Norwegian Nynorsk", "Latn"), "nob": ("Norwegian Bokmål", "Latn"),
+    "nor": ("Norwegian", "Latn"), "oci": ("Occitan", "Latn"), "pol": ("Polish", "Latn"),
+    "por": ("Portuguese", "Latn"), "que": ("Quechua", "Latn"), "ron": ("Romanian", "Latn"),
+    "slk": ("Slovak", "Latn"), "slv": ("Slovenian", "Latn"), "som": ("Somali", "Latn"),
+    "spa": ("Spanish", "Latn"), "sqi": ("Albanian", "Latn"), "swa": ("Swahili", "Latn"),
+    "swe": ("Swedish", "Latn"), "swh": ("Swahili (individual language)", "Latn"),
+    "tgl": ("Tagalog", "Latn"), "tuk": ("Turkmen", "Latn"), "tur": ("Turkish", "Latn"),
+    "uzb": ("Uzbek", "Latn"), "vie": ("Vietnamese", "Latn"), "xho": ("Xhosa", "Latn"),
+    "yor": ("Yoruba", "Latn"), "zsm": ("Standard Malay", "Latn"), "zul": ("Zulu", "Latn"),
+    # Cyrillic
+    "bak": ("Bashkir", "Cyrl"), "bel": ("Belarusian", "Cyrl"), "bul": ("Bulgarian", "Cyrl"),
+    "chv": ("Chuvash", "Cyrl"), "kaz": ("Kazakh", "Cyrl"), "kir": ("Kyrgyz", "Cyrl"),
+    "mkd": ("Macedonian", "Cyrl"), "mon": ("Mongolian", "Cyrl"), "rus": ("Russian", "Cyrl"),
+    "srp": ("Serbian", "Cyrl"), "tat": ("Tatar", "Cyrl"), "tgk": ("Tajik", "Cyrl"),
+    "ukr": ("Ukrainian", "Cyrl"),
+    # Greek, Armenian, Georgian
+    "ell": ("Greek", "Grek"), "hye": ("Armenian", "Armn"), "kat": ("Georgian", "Geor"),
+    # Arabic script
+    "ara": ("Arabic", "Arab"), "arb": ("Standard Arabic", "Arab"), "arz": ("Egyptian Arabic", "Arab"),
+    "ary": ("Moroccan Arabic", "Arab"), "ckb": ("Central Kurdish", "Arab"), "fas": ("Persian", "Arab"),
+    "pes": ("Iranian Persian", "Arab"), "prs": ("Dari", "Arab"), "pus": ("Pashto", "Arab"),
+    "snd": ("Sindhi", "Arab"), "uig": ("Uyghur", "Arab"), "urd": ("Urdu", "Arab"),
+    # Hebrew, Thaana
+    "heb": ("Hebrew", "Hebr"), "yid": ("Yiddish", "Hebr"), "div": ("Dhivehi", "Thaa"),
+    # Brahmic scripts of South Asia
+    "bho": ("Bhojpuri", "Deva"), "hin": ("Hindi", "Deva"), "mai": ("Maithili", "Deva"),
+    "mar": ("Marathi", "Deva"), "nep": ("Nepali", "Deva"), "npi": ("Nepali (individual language)", "Deva"),
+    "san": ("Sanskrit", "Deva"), "asm": ("Assamese", "Beng"), "ben": ("Bengali", "Beng"),
+    "pan": ("Punjabi", "Guru"), "guj": ("Gujarati", "Gujr"), "ori": ("Oriya", "Orya"),
+    "ory": ("Odia", "Orya"), "tam": ("Tamil", "Taml"), "tel": ("Telugu", "Telu"),
+    "kan": ("Kannada", "Knda"), "mal": ("Malayalam", "Mlym"), "sin": ("Sinhala", "Sinh"),
+    "bod": ("Tibetan", "Tibt"),
+    # South-East Asia
+    "tha": ("Thai", "Thai"), "lao": ("Lao", "Laoo"), "khm": ("Khmer", "Khmr"), "mya": ("Burmese", "Mymr"),
+    # Ethiopic, Cherokee
+    "amh": ("Amharic", "Ethi"), "tir": ("Tigrinya", "Ethi"), "chr": ("Cherokee", "Cher"),
+    # East Asia
+    "cmn": ("Mandarin Chinese", "Hans"), "zho": ("Chinese", "Hans"), "wuu": ("Wu Chinese", "Hans"),
+    "yue": ("Cantonese", "Hant"), "lzh": ("Literary Chinese", "Hant"), "jpn": ("Japanese", "Jpan"),
+    "kor": ("Korean", "Kore"),
+}
+
+# Tatoeba codes that are not ISO 639-3 and name no natural language (CycL, a logic language); their
+# lines are skipped, not reported as malformed. Add a code here if a new export brings another.
+TATOEBA_NOT_ISO = frozenset({"cycl"})
+
+LANG_CODE = re.compile(r"[a-z]{3}")
+SCRIPT_CODE = re.compile(r"[A-Z][a-z]{3}")
+GRAPHEME = regex.compile(r"\X")
+TATOEBA_MEMBER = "sentences.csv"
+UDHR_FILE = re.compile(r"(?:^|/)udhr_([^/]+)\.xml$")
+# What MySQL's LOAD DATA reads after a backslash; any other character stands for itself.
+MYSQL_ESCAPES = {"0": "\0", "b": "\b", "n": "\n", "r": "\r", "t": "\t", "Z": "\x1a"}
+
+
+class TextError(UserError, ValueError):
+    """A source or a request the selection cannot use; the message names the place and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    """One candidate text; `where` (file and line or element) is for messages, not for the output."""
+
+    id: str
+    source: str
+    lang: str
+    script: str | None
+    text: str
+    where: str
+
+
+# --- the language registry ------------------------------------------------------------------------
+
+def check_code(code: str, where: str) -> str:
+    if not LANG_CODE.fullmatch(code):
+        raise TextError(f"{where}: language code {code!r} is not well-formed: an ISO 639-3 code is three "
+                        "lowercase letters (e.g. 'ces', 'cmn'); correct it")
+    return code
+
+
+def language(code: str, where: str = "--languages") -> tuple[str, str]:
+    """(English name, ISO 15924 script) of a registered language, or a TextError saying how to add it."""
+    check_code(code, where)
+    if code not in LANGUAGES:
+        raise TextError(f"{where}: language {code!r} is not in the language registry "
+                        "(LANGUAGES in encoder_study/texts.py); add it there with its English name and "
+                        "ISO 15924 script, or drop it from the languages asked for")
+    return LANGUAGES[code]
+
+
+# --- Tatoeba --------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _open_tatoeba(path: Path) -> Iterator[tuple[str, io.BufferedIOBase]]:
+    """(name for messages, binary stream) of sentences.csv, in a .tar.bz2 or as a plain file."""
+    if not path.is_file():
+        raise TextError(f"{path}: no such file; give Tatoeba's sentences.tar.bz2 or its sentences.csv")
+    if tarfile.is_tarfile(path):
+        with tarfile.open(path, "r:*") as archive:
+            members = [m for m in archive.getmembers() if m.isfile()]
+            named = [m for m in members if Path(m.name).name == TATOEBA_MEMBER]
+            chosen = named if named else members
+            if len(chosen) != 1:
+                raise TextError(f"{path}: expected one {TATOEBA_MEMBER} in the archive, found "
+                                f"{[m.name for m in members]}; give the export's sentences.tar.bz2")
+            with archive.extractfile(chosen[0]) as stream:
+                yield f"{path}:{chosen[0].name}", stream
+    else:
+        with open(path, "rb") as stream:
+            yield str(path), stream
+
+
+def _logical_lines(name: str, stream: io.BufferedIOBase) -> Iterator[tuple[int, str]]:
+    """(first line number, text) of each record; a newline after an odd run of backslashes is data."""
+    pending, start = "", 0
+    for number, raw in enumerate(stream, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise TextError(f"{name}, line {number}: not UTF-8 ({err.reason} at byte {err.start}); "
+                            "the export is UTF-8: download it again") from None
+        if not pending:
+            start = number
+        line = pending + line
+        body = line[:-1] if line.endswith("\n") else line
+        trailing = len(body) - len(body.rstrip("\\"))
+        if line.endswith("\n") and trailing % 2 == 1:
+            pending = line  # an escaped newline: the record goes on
+            continue
+        pending = ""
+        yield start, body
+    if pending:
+        yield start, pending
+
+
+def _mysql_fields(body: str) -> list[str | None]:
+    """Split a record on unescaped tabs and undo MySQL's escaping; `\\N` alone is NULL."""
+    if "\\" not in body:
+        return body.split("\t")  # the common case, kept fast for 13 million lines
+    fields: list[str | None] = []
+    out: list[str] = []
+    raw: list[str] = []  # the field as written, to recognise \N
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\" and i + 1 < len(body):
+            out.append(MYSQL_ESCAPES.get(body[i + 1], body[i + 1]))
+            raw.append(body[i:i + 2])
+            i += 2
+            continue
+        if c == "\t":
+            fields.append(None if "".join(raw) == "\\N" else "".join(out))
+            out, raw = [], []
+        else:
+            out.append(c)
+            raw.append(c)
+        i += 1
+    fields.append(None if "".join(raw) == "\\N" else "".join(out))
+    return fields
+
+
+@dataclass
+class SourceStats:
+    """What a reader saw, for the provenance note."""
+
+    records: int = 0
+    no_language: int = 0
+    not_iso: int = 0
+    empty: int = 0
+    files: int = 0
+
+
+def read_tatoeba(path: str | os.PathLike, stats: SourceStats | None = None) -> Iterator[Text]:
+    """Every sentence of a Tatoeba export with a language code; malformed lines raise TextError."""
+    path = Path(path)
+    stats = stats if stats is not None else SourceStats()
+    seen = bytearray()  # one bit per sentence id: duplicates found without a set of 13 million ints
+    seen_large: set[int] = set()
+    good_codes: set[str] = set()  # codes already checked: the check runs once per language, not per line
+    with _open_tatoeba(path) as (name, stream):
+        stats.files += 1
+        for number, body in _logical_lines(name, stream):
+            where = f"{name}, line {number}"
+            fields = _mysql_fields(body)
+            if len(fields) != 3:
+                raise TextError(f"{where}: expected 3 tab-separated fields (sentence id, language, text), "
+                                f"found {len(fields)}; this is not Tatoeba's sentences.csv format: fix or "
+                                "remove the line")
+            sid, lang, text = fields
+            if sid is None or not sid.isascii() or not sid.isdigit() or int(sid) <= 0:
+                shown = "\\N" if sid is None else repr(sid)
+                raise TextError(f"{where}: sentence id {shown} is not a positive integer; fix or remove the "
+                                "line")
+            n = int(sid)
+            if n < 1 << 27:
+                byte, bit = divmod(n, 8)
+                if byte >= len(seen):
+                    seen.extend(bytes(byte + 1 - len(seen) + (1 << 16)))
+                duplicate = seen[byte] >> bit & 1
+                seen[byte] |= 1 << bit
+            else:
+                duplicate = n in seen_large
+                seen_large.add(n)
+            if duplicate:
+                raise TextError(f"{where}: sentence id {n} occurs on an earlier line too; ids must be "
+                                "unique: remove one of the lines")
+            text = (text or "").strip()
+            if not text:
+                raise TextError(f"{where}: sentence {n} has empty text; remove the line")
+            stats.records += 1
+            if lang is None:
+                stats.no_language += 1  # Tatoeba's `\N`: nobody said which language it is
+                continue
+            if lang in TATOEBA_NOT_ISO:
+                stats.not_iso += 1
+                continue
+            if lang not in good_codes:
+                good_codes.add(check_code(lang, where))
+            script = LANGUAGES.get(lang, (None, None))[1]
+            yield Text(f"tatoeba:{n}", "tatoeba", lang, script, text, where)
+
+
+# --- UDHR -----------------------------------------------------------------------------------------
+
+def _udhr_documents(path: Path) -> Iterator[tuple[str, str, bytes]]:
+    """(name for messages, key from the file name, bytes) of every udhr_<key>.xml, sorted by name."""
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.is_file() and UDHR_FILE.search(p.name))
+        if not found:
+            raise TextError(f"{path}: no udhr_<key>.xml files in this directory; give the UDHR's "
+                            "udhr_xml.zip or the directory it unpacks to")
+        for p in found:
+            yield str(p), UDHR_FILE.search(p.name)[1], p.read_bytes()
+        return
+    if not path.is_file():
+        raise TextError(f"{path}: no such file or directory; give the UDHR's udhr_xml.zip or a directory "
+                        "of udhr_<key>.xml files")
+    if not zipfile.is_zipfile(path):
+        raise TextError(f"{path}: not a zip archive; give the UDHR's udhr_xml.zip or a directory of "
+                        "udhr_<key>.xml files")
+    with zipfile.ZipFile(path) as archive:
+        names = sorted(n for n in archive.namelist() if UDHR_FILE.search(n))
+        if not names:
+            raise TextError(f"{path}: the archive holds no udhr_<key>.xml files; give the UDHR's "
+                            "udhr_xml.zip")
+        for n in names:
+            yield f"{path}:{n}", UDHR_FILE.search(n)[1], archive.read(n)
+
+
+def _sections(root: ET.Element) -> Iterator[tuple[str, ET.Element]]:
+    articles = 0
+    for child in root:
+        if child.tag == f"{{{UDHR_NS}}}preamble":
+            yield "preamble", child
+        elif child.tag == f"{{{UDHR_NS}}}article":
+            articles += 1
+            yield f"article-{child.get('number', str(articles))}", child
+
+
+def read_udhr(path: str | os.PathLike, stats: SourceStats | None = None) -> Iterator[Text]:
+    """Every non-empty paragraph of the preamble and the articles of every translation."""
+    path = Path(path)
+    stats = stats if stats is not None else SourceStats()
+    seen: dict[str, str] = {}
+    for name, file_key, data in _udhr_documents(path):
+        stats.files += 1
+        try:
+            root = ET.fromstring(data)
+        except ET.ParseError as err:
+            line, column = err.position
+            raise TextError(f"{name}, line {line}, column {column}: not well-formed XML ({err}); "
+                            "download the UDHR again or fix the file") from None
+        if root.tag != f"{{{UDHR_NS}}}udhr":
+            raise TextError(f"{name}: root element is <{root.tag}>, expected <udhr> in namespace {UDHR_NS}; "
+                            "this is not a UDHR XML file: remove it from the source")
+        key = root.get("key") or file_key
+        where = f"{name}, element <udhr key={key!r}>"
+        lang = check_code(root.get("iso639-3") or key.split("_")[0], where)
+        script = root.get("iso15924")
+        if script is not None and not SCRIPT_CODE.fullmatch(script):
+            raise TextError(f"{where}: iso15924={script!r} is not a script code (four letters, the first "
+                            "capital, e.g. 'Latn'); correct the attribute")
+        script = script or LANGUAGES.get(lang, (None, None))[1]
+        for section, element in _sections(root):
+            paras = element.iter(f"{{{UDHR_NS}}}para")
+            for index, para in enumerate(paras, 1):
+                text_id = f"udhr:{key}:{section}:{index}"
+                text = "".join(para.itertext()).strip()
+                stats.records += 1
+                if not text:
+                    stats.empty += 1  # unfinished translations leave paragraphs empty
+                    continue
+                if text_id in seen:
+                    raise TextError(f"{name}: paragraph {text_id} also comes from {seen[text_id]}; each key "
+                                    "and article must occur once: remove the duplicate file or article")
+                seen[text_id] = name
+                element_name = section if section == "preamble" else f"article number={section[8:]!r}"
+                yield Text(text_id, "udhr", lang, script, text,
+                           f"{name}, element <{element_name}> para {index}")
+
+
+# --- cutting --------------------------------------------------------------------------------------
+
+def cut(text: str, max_chars: int) -> str:
+    """`text` stripped, then at most `max_chars` code points, ending at a grapheme cluster boundary."""
+    text = text.strip()
+    if len(text) <= max_chars:
+        return text
+    end = 0
+    for match in GRAPHEME.finditer(text):
+        if match.end() > max_chars:
+            break
+        end = match.end()
+    return text[:end].rstrip()
+
+
+# --- fetching -------------------------------------------------------------------------------------
+
+local_path = files.local_path  # a plain path or file:// URL -> Path; a network URL -> None
+
+
+def pinned(sha256: str | None, what: str) -> str | None:
+    """A pinned SHA-256 in lowercase, or None for none ('' or None)."""
+    try:
+        return files.pinned(sha256)
+    except ValueError as err:
+        raise TextError(f"{what}: {err}") from err
+
+
+def fetch(source: str, dest: str | os.PathLike, sha256: str | None = None, timeout: float = 60.0) -> str:
+    """Copy a URL (http, https, file://) or a local path to `dest`; return the file's SHA-256.
+
+    With `sha256` pinned, a different file raises IntegrityError (naming the source, the expected and
+    the actual SHA-256) and `dest` is left as it was; without, the caller records the returned hash.
+    See files.download.
+    """
+    expected = pinned(sha256, f"SHA-256 for {source}")
+    try:
+        return files.download(source, dest, expected, timeout=timeout)
+    except files.DownloadError as err:
+        raise TextError(str(err)) from err
+
+
+def source_sha256(path: str | os.PathLike, sha256: str | None, what: str) -> tuple[str, bool]:
+    """(SHA-256, pinned?) of a source file or directory, checked against the pin when there is one."""
+    path = Path(path)
+    expected = pinned(sha256, f"--{what}-sha256")
+    if not path.exists():
+        raise TextError(f"{what} source {path}: no such file or directory")
+    if path.is_dir():  # a directory of UDHR files: the tree hash of files.tree_sha256
+        actual = files.tree_sha256(path)
+        if expected and actual != expected:
+            raise files.IntegrityError(f"{what} source {path} does not match: expected tree SHA-256 "
+                                       f"{expected}, actual {actual}; restore the files or fix the pin")
+        return actual, bool(expected)
+    if expected:
+        files.check_file(path, expected, what=f"{what} source")
+        return expected, True
+    return files.sha256_file(path), False
+
+
+# --- selection ------------------------------------------------------------------------------------
+
+def rank(seed: int, *parts: str) -> int:
+    """A number fixed by the seed and the parts; orders texts, languages and scripts."""
+    data = "\x1f".join([str(seed), *parts]).encode("utf-8")
+    return int.from_bytes(hashlib.sha256(data).digest()[:16], "big")
+
+
+class Pool:
+    """The `count` best-ranked eligible texts of every (language, script) group of one source."""
+
+    def __init__(self, source: str, count: int, seed: int, languages: set[str]):
+        self.source, self.count, self.seed, self.languages = source, count, seed, languages
+        self.heaps: dict[tuple[str, str], list[tuple[int, str, Text]]] = defaultdict(list)
+        self.available: Counter[tuple[str, str]] = Counter()
+        self.ineligible: Counter[str] = Counter()
+
+    def offer(self, text: Text) -> None:
+        if text.lang not in self.languages or text.script is None:
+            self.ineligible[text.lang] += 1
+            return
+        group = (text.lang, text.script)
+        self.available[group] += 1
+        heap = self.heaps[group]
+        item = (-rank(self.seed, self.source, text.id), text.id, text)  # max-heap of the kept ranks
+        if len(heap) < self.count:
+            heapq.heappush(heap, item)
+        elif item[:2] > heap[0][:2]:
+            heapq.heapreplace(heap, item)
+
+    def group_order(self) -> list[tuple[str, str]]:
+        """Groups with scripts alternating: the first group of each script, then the second, ..."""
+        by_script: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for group in self.heaps:
+            by_script[group[1]].append(group)
+        scripts = sorted(by_script, key=lambda s: rank(self.seed, self.source, "script", s))
+        for s in scripts:
+            by_script[s].sort(key=lambda g: rank(self.seed, self.source, "language", g[0], g[1]))
+        depth = max((len(v) for v in by_script.values()), default=0)
+        return [by_script[s][i] for i in range(depth) for s in scripts if i < len(by_script[s])]
+
+    def select(self) -> list[Text]:
+        ranked = {g: [t for _, _, t in sorted(h, key=lambda item: (-item[0], item[1]))]
+                  for g, h in self.heaps.items()}
+        order = self.group_order()
+        chosen: list[Text] = []
+        for depth in range(self.count):
+            for group in order:
+                if len(chosen) == self.count:
+                    return chosen
+                if depth < len(ranked[group]):
+                    chosen.append(ranked[group][depth])
+        return chosen
+
+
+def natural_key(text_id: str) -> tuple:
+    """Sort key that puts `tatoeba:9` before `tatoeba:10` and `article-2` before `article-10`."""
+    parts = re.split(r"(\d+)", text_id)
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
+
+
+def output_record(text: Text, max_chars: int) -> dict:
+    short = cut(text.text, max_chars)
+    if not short:
+        raise TextError(f"{text.where}: its first grapheme cluster is longer than {max_chars} code points, "
+                        "so no cut keeps it whole; raise --max-chars")
+    return {"id": text.id, "source": text.source, "lang": text.lang, "script": text.script, "text": short,
+            "chars": len(short), "truncated": short != text.text.strip()}
+
+
+@dataclass
+class Selection:
+    records: list[dict]
+    stats: dict[str, SourceStats]
+    pools: dict[str, Pool]
+
+
+def select_texts(sources: dict[str, Iterable[Text]], counts: dict[str, int], seed: int, max_chars: int,
+                 languages: Iterable[str] | None = None, stats: dict[str, SourceStats] | None = None
+                 ) -> Selection:
+    """Pick `counts[source]` texts from each source by the rule of the module docstring."""
+    if languages is None:
+        allowed = set(LANGUAGES)
+    else:
+        allowed = set()
+        for code in languages:
+            language(code)
+            allowed.add(code)
+    if max_chars < 1:
+        raise TextError(f"--max-chars {max_chars}: must be at least 1")
+    pools: dict[str, Pool] = {}
+    for source, texts in sources.items():
+        count = counts.get(source, 0)
+        if count < 0:
+            raise TextError(f"--{source}-count {count}: must not be negative")
+        pool = pools[source] = Pool(source, count, seed, allowed)
+        if count == 0:
+            continue
+        for text in texts:
+            pool.offer(text)
+        eligible = sum(pool.available.values())
+        if eligible < count:
+            raise TextError(f"{source}: asked for {count} texts but only {eligible} are eligible (in "
+                            f"{len(pool.available)} language/script groups of the languages asked for); "
+                            f"lower --{source}-count to at most {eligible}, or add texts or languages")
+    chosen = [t for pool in pools.values() for t in pool.select()]
+    if not chosen:
+        raise TextError("the selection is empty: every count is 0 or no source was given; ask for at least "
+                        "one Tatoeba sentence or UDHR paragraph")
+    if languages is not None:
+        present = {group[0] for pool in pools.values() for group in pool.available}
+        missing = sorted(allowed - present)
+        if missing:
+            raise TextError(f"--languages asks for {', '.join(missing)}, but no source has an eligible text "
+                            "in them; drop them from --languages or give sources that have them")
+    chosen.sort(key=lambda t: (SOURCES.index(t.source) if t.source in SOURCES else len(SOURCES), t.source,
+                               t.lang, t.script or "", natural_key(t.id)))
+    return Selection([output_record(t, max_chars) for t in chosen], stats or {}, pools)
+
+
+def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
+    lines = [json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records]
+    files.write_text(path, "".join(lines))
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def counts_table(records: list[dict]) -> str:
+    """Texts per language and script, per source, with how many were cut."""
+    rows: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    for r in records:
+        row = rows[(r["lang"], r["script"])]
+        row[r["source"]] += 1
+        row["truncated"] += int(r["truncated"])
+    body = [(lang, LANGUAGES.get(lang, ("?", ""))[0], script, c["tatoeba"], c["udhr"],
+             c["tatoeba"] + c["udhr"], c["truncated"]) for (lang, script), c in sorted(rows.items())]
+    return markdown_table(["lang", "name", "script", "tatoeba", "udhr", "total", "cut"], body,
+                                     "lllrrrr")
+
+
+def scripts_table(records: list[dict]) -> str:
+    per: dict[str, Counter] = defaultdict(Counter)
+    langs: dict[str, set] = defaultdict(set)
+    for r in records:
+        per[r["script"]][r["source"]] += 1
+        langs[r["script"]].add(r["lang"])
+    body = [(s, len(langs[s]), c["tatoeba"], c["udhr"], c["tatoeba"] + c["udhr"])
+            for s, c in sorted(per.items())]
+    return markdown_table(["script", "languages", "tatoeba", "udhr", "total"], body, "lrrrr")
