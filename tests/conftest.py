@@ -16,13 +16,15 @@ from encoder_study import acquire, export
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("bert-tiny", "xlmr-tiny", "modernbert-tiny")
+# The config schema's export defaults, on one thread.
+SETTINGS = export.Settings(opset=17, tolerance=1e-4, threads=1, ort_optimization="all")
 
 
 def _export(name: str, spec: dict, base: Path) -> Path:
     source = base / "sources" / name
     acquire.acquire(name, spec, source)
     out = base / "models" / name
-    export.export(source / acquire.SOURCE_JSON, out, export.Settings(threads=1))
+    export.export(source / acquire.SOURCE_JSON, out, SETTINGS)
     return out
 
 

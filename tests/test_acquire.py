@@ -122,3 +122,20 @@ def test_bad_architecture_file_names_the_key(tmp_path):
     arch.write_text('{"config": {"model_type": "bert"}}')
     with pytest.raises(acquire.SourceError, match="missing key 'tokenizer'"):
         acquire.acquire("bad", {"source": "tiny", "architecture": str(arch), "seed": 0}, tmp_path / "o")
+
+
+def test_acquire_command_writes_source_and_fragment(tmp_path, monkeypatch):
+    from encoder_study.commands import export as command
+
+    monkeypatch.chdir(ROOT)
+    spec = {"source": "tiny", "architecture": "config/models/bert-tiny.json", "seed": 0}
+    out = tmp_path / "sources" / "bert-tiny"
+    frag = tmp_path / "prov" / "export" / "export_acquire-bert-tiny.md"
+    args = command.parser().parse_args(["acquire", "--model", "bert-tiny", "--spec", json.dumps(spec),
+                                        "--out-dir", str(out), "--provenance", str(frag)])
+    assert args.run(args) == 0
+    body = frag.read_text()
+    assert f"| input | {spec['architecture']} |" in body
+    assert f"| output | {(out / acquire.SOURCE_JSON).as_posix()} |" in body
+    assert f"| output | {(out / 'model' / 'config.json').as_posix()} |" in body
+    assert "| run |" not in body  # the subcommand's function is not a setting

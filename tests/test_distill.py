@@ -1,4 +1,4 @@
-"""The distillation pieces: layer map, objective, PCA, EMA, data, and the training loop (chunks, ranks)."""
+"""The distillation pieces: layer map, objective, PCA, EMA, data, and the training loop (resuming, ranks)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from encoder_study import tables
-from encoder_study.distill import data, objective, student, train
+from encoder_study.distill import DistillError, architecture, data, objective, train
 from encoder_study.tokens import PieceTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def test_uniform_layer_map_rounds_half_up_and_ends_at_the_final_state():
                                             ([4, 2, 6], "increasing")])
 def test_given_layer_map_is_checked(given, message):
     assert objective.layer_map(3, 6, [1, 3, 6]) == [1, 3, 6]
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(DistillError, match=message):
         objective.layer_map(3, 6, given)
 
 
@@ -127,9 +127,9 @@ def test_pca_recovers_a_low_rank_table_with_fixed_signs():
 
 def test_pca_init_lifts_the_reduced_table_back_when_widths_agree():
     table = _low_rank_table()
-    config = student.StudentConfig(layers=1, width=12, heads=2, intermediate=8, embedding_width=3,
-                                   max_positions=8)
-    encoder = student.build(config, vocab_size=300, seed=0)
+    config = architecture.StudentConfig(layers=1, width=12, heads=2, intermediate=8, embedding_width=3,
+                                        max_positions=8)
+    encoder = architecture.build(config, vocab_size=300, seed=0)
     train.pca_init(encoder, table)
     with torch.no_grad():
         lifted = encoder.projection(encoder.tokens.weight)
@@ -156,7 +156,7 @@ def test_ema_known_updates():
 # --- data ------------------------------------------------------------------------------------------------
 
 def test_language_weights_are_proportional_to_the_square_root():
-    weights = data.language_weights({"fra": 400, "eng": 100, "xxx": 0})
+    weights = data.language_weights({"fra": 400, "eng": 100, "xxx": 0}, power=0.5)
     assert list(weights) == ["eng", "fra"]
     assert weights["fra"] == pytest.approx(2 / 3) and weights["eng"] == pytest.approx(1 / 3)
     assert data.language_weights({"a": 400, "b": 100}, power=1.0)["a"] == pytest.approx(0.8)
@@ -165,7 +165,7 @@ def test_language_weights_are_proportional_to_the_square_root():
 def _synthetic_corpus() -> data.Corpus:
     # Stream values tell language (hundreds) and place, so a window shows where it came from.
     streams = {"aaa": np.arange(1000, 1400), "bbb": np.arange(2000, 2100), "ccc": np.arange(3000, 3005)}
-    return data.Corpus(streams, {"aaa": 900, "bbb": 100, "ccc": 100}, prefix=[7], suffix=[8])
+    return data.Corpus(streams, {"aaa": 900, "bbb": 100, "ccc": 100}, prefix=[7], suffix=[8], power=0.5)
 
 
 def test_windows_have_the_asked_lengths_specials_and_padding():
@@ -206,7 +206,7 @@ def test_corpus_from_documents_and_the_embedded_sample(tiny_exports):
     tokenizer = PieceTokenizer(tiny_exports["bert-tiny"] / "tokenizer.json")
     docs = [data.Document("eng", "the cat sat"), data.Document("fra", "le chat"),
             data.Document("eng", "a dog"), data.Document("deu", "")]
-    corpus = data.Corpus.build(docs, tokenizer)
+    corpus = data.Corpus.build(docs, tokenizer, None, 0.5)
     assert corpus.langs == ["eng", "fra"]  # no text, no language
     sep = list(tokenizer.suffix)
     first, _ = tokenizer.encode("the cat sat")
@@ -238,7 +238,7 @@ def test_streamed_documents_read_pinned_revisions(monkeypatch):
         ("deu", "deu_Latn one"), ("deu", "deu_Latn two"),  # 3 rows read, the blank one skipped
         ("fra", "fra_Latn one"), ("fra", "fra_Latn two"),
         ("fra", "20231101.fr one"), ("fra", "20231101.fr two")]  # 30 characters cap the third
-    with pytest.raises(ValueError, match="pinned revision"):
+    with pytest.raises(DistillError, match="pinned revision"):
         list(data.streamed_documents([{"dataset": "x", "revision": "", "configs": {"fra": "f"}}]))
 
 
@@ -253,19 +253,31 @@ def test_training_config_defaults_keys_and_schedule():
     assert cosine.lr_at(6) == pytest.approx(0.6)
     chunked = train.TrainingConfig.from_dict({**dataclasses.asdict(cosine), "chunk_steps": 5})
     assert cosine.identity() == chunked.identity()  # chunks do not change the run
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(DistillError, match="unknown keys"):
         train.TrainingConfig.from_dict({"stepz": 3})
 
 
-def _run(teacher_dir: Path, workdir: Path, chunk_steps: int = 0, **overrides) -> list[train.Status]:
-    docs = data.embedded_documents(TATOEBA, UDHR)
+class Crash(Exception):
+    """What the test-only stop raises: the process dies between two steps."""
+
+
+def crash_before(monkeypatch, step: int) -> None:
+    """Make the loop die just before it takes step `step` + 1, as a killed job would."""
+    real = train._Run.train_step
+
+    def train_step(self):
+        if self.step == step:
+            raise Crash(f"stopped before step {step + 1}")
+        real(self)
+
+    monkeypatch.setattr(train._Run, "train_step", train_step)
+
+
+def _run(teacher_dir: Path, workdir: Path, chunk_steps: int = 0, **overrides) -> tuple[dict, ...]:
     config = dict(TINY_RUN, chunk_steps=chunk_steps, **overrides)
-    statuses = []
-    while not statuses or not statuses[-1].done:
-        statuses.append(train.distill(teacher_dir, docs, TINY_STUDENT, config, workdir / "checkpoint.pt",
-                                      workdir / "student.pt"))
-        assert len(statuses) < 20
-    return statuses
+    return train.distill(teacher_dir, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT, config,
+                         workdir / "checkpoint.pt", workdir / "student.pt", amounts=None, device=None,
+                         progress=False)
 
 
 def _states(workdir: Path) -> tuple[dict, dict]:
@@ -274,19 +286,33 @@ def _states(workdir: Path) -> tuple[dict, dict]:
     return saved, checkpoint
 
 
-def test_resumed_chunks_give_the_uninterrupted_weights_bit_for_bit(tiny_exports, tmp_path):
+def test_a_run_resumed_after_a_crash_gives_the_uninterrupted_weights_bit_for_bit(tiny_exports, tmp_path,
+                                                                                 monkeypatch):
     teacher = tiny_exports["bert-tiny"]
-    whole, chunked = tmp_path / "whole", tmp_path / "chunked"
-    assert [s.done for s in _run(teacher, whole)] == [True]
-    statuses = _run(teacher, chunked, chunk_steps=2)
-    assert [(s.done, s.step, s.exit_code) for s in statuses] == [(False, 2, 75), (False, 4, 75), (True, 6, 0)]
-    (saved_a, check_a), (saved_b, check_b) = _states(whole), _states(chunked)
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    rows = _run(teacher, whole, chunk_steps=2)
+    with monkeypatch.context() as patch:
+        crash_before(patch, 3)  # after the save at step 2: step 3 is lost and taken again
+        with pytest.raises(Crash):
+            _run(teacher, resumed, chunk_steps=2)
+    assert not (resumed / "student.pt").exists()
+    assert torch.load(resumed / "checkpoint.pt", weights_only=True)["step"] == 2
+    assert _run(teacher, resumed, chunk_steps=2) == rows
+    # The same student, byte for byte: weights, log rows and chunk ranges alike.
+    assert (resumed / "student.pt").read_bytes() == (whole / "student.pt").read_bytes()
+    (saved_a, check_a), (saved_b, check_b) = _states(whole), _states(resumed)
     for a, b in ((saved_a["state_dict"], saved_b["state_dict"]), (check_a["student"], check_b["student"]),
                  (check_a["objective"], check_b["objective"])):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert saved_a["rows"] == saved_b["rows"]
+    assert saved_a["rows"] == saved_b["rows"] == list(rows)
     assert [r["step"] for r in saved_a["rows"]] == [2, 4, 6]
     assert [c["last_step"] for c in check_b["chunks"]] == [2, 4, 6]
+    # Saving every chunk does not change the run: one save at the end gives the same weights.
+    once = tmp_path / "once"
+    _run(teacher, once)
+    saved_c, check_c = _states(once)
+    assert all(torch.equal(saved_a["state_dict"][k], saved_c["state_dict"][k]) for k in saved_a["state_dict"])
+    assert [c["last_step"] for c in check_c["chunks"]] == [6]
     train.write_log(saved_a["rows"], tmp_path / "training.csv")
     table = tables.read_csv(tmp_path / "training.csv")
     assert list(table[0]) == list(train.LOG_COLUMNS)
@@ -299,7 +325,8 @@ def test_resumed_chunks_give_the_uninterrupted_weights_bit_for_bit(tiny_exports,
     # Another run's settings do not resume this checkpoint.
     with pytest.raises(train.CheckpointError, match="lr"):
         train.distill(teacher, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT,
-                      dict(TINY_RUN, lr=1e-3), chunked / "checkpoint.pt", chunked / "other.pt")
+                      dict(TINY_RUN, lr=1e-3), resumed / "checkpoint.pt", resumed / "other.pt", amounts=None,
+                      device=None, progress=False)
 
 
 _RANK = """
@@ -314,7 +341,7 @@ for name, shard in (("right", right), ("wrong", lambda rank, world: slice(0, Non
     out = os.path.join(args["dir"], name)
     os.makedirs(out, exist_ok=True)
     train.distill(args["teacher"], docs, args["student"], args["run"], os.path.join(out, "checkpoint.pt"),
-                  os.path.join(out, "student.pt"))
+                  os.path.join(out, "student.pt"), amounts=None, device=None, progress=False)
 dist.destroy_process_group()
 """
 

@@ -1,5 +1,6 @@
 """Export round trip: the graph's contract, parity with PyTorch, the manifest, and failure modes."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -11,8 +12,15 @@ import onnx
 import pytest
 import torch
 
-from conftest import TINY
+from conftest import SETTINGS, TINY
 from encoder_study import acquire, export, files, manifest, reference, runtime
+from encoder_study.commands import export as command
+
+
+def run(*argv: str) -> int:
+    """`encoder-study export ARGV` in this process (cli.main would re-execute Python)."""
+    args = command.parser().parse_args(argv)
+    return args.run(args)
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -79,12 +87,14 @@ def test_tampered_file_is_refused_with_both_hashes(tiny_exports, tmp_path):
     message = str(err.value)
     assert "tokenizer.json" in message and expected in message
     assert files.sha256_file(copy / "tokenizer.json") in message
-    assert manifest.main([str(copy)]) == 1
+    with pytest.raises(files.IntegrityError, match="tokenizer.json"):
+        run("check", str(tiny_exports["bert-tiny"]), str(copy))
+    assert run("check", str(tiny_exports["bert-tiny"])) == 0
 
 
 def test_export_is_byte_identical_when_repeated(tiny_exports, models_dir, tmp_path):
     source = models_dir / "sources" / "modernbert-tiny" / acquire.SOURCE_JSON
-    record = export.export(source, tmp_path / "again", export.Settings(threads=1))
+    record = export.export(source, tmp_path / "again", SETTINGS)
     assert record["files"] == manifest.read(tiny_exports["modernbert-tiny"])["files"]
 
 
@@ -92,7 +102,7 @@ def test_failed_check_leaves_nothing_behind(tiny_exports, models_dir, tmp_path):
     source = models_dir / "sources" / "bert-tiny" / acquire.SOURCE_JSON
     out = tmp_path / "strict"
     with pytest.raises(export.ExportError, match="nothing was written"):
-        export.export(source, out, export.Settings(threads=1, tolerance=1e-30))
+        export.export(source, out, dataclasses.replace(SETTINGS, tolerance=1e-30))
     assert list(tmp_path.iterdir()) == []  # neither the target nor a staging directory remains
 
 
@@ -101,7 +111,7 @@ def test_changed_source_file_is_refused_before_export(models_dir, tmp_path):
     shutil.copytree(models_dir / "sources" / "bert-tiny", source_dir)
     (source_dir / "model" / "config.json").write_text("{}")
     with pytest.raises(files.IntegrityError, match="config.json"):
-        export.export(source_dir / acquire.SOURCE_JSON, tmp_path / "out", export.Settings())
+        export.export(source_dir / acquire.SOURCE_JSON, tmp_path / "out", SETTINGS)
     assert not (tmp_path / "out").exists()
 
 
@@ -112,9 +122,11 @@ def test_export_command_is_byte_identical_across_hash_seeds(tiny_exports, models
     for seed in ("1", "3"):  # these two seeds iterate {'full_attention', 'sliding_attention'} differently
         out = tmp_path / f"seed{seed}"
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        result = subprocess.run([sys.executable, "-m", "encoder_study.cli", "export", "--source", str(source),
-                        "--out-dir", str(out), "--provenance", str(tmp_path / f"p/export/export-{seed}.md")],
-                       env=env, capture_output=True, text=True)
+        result = subprocess.run([sys.executable, "-m", "encoder_study.cli", "export", "model", "--source",
+                                 str(source), "--out-dir", str(out), "--opset", "17", "--tolerance", "1e-4",
+                                 "--threads", "1", "--ort-optimization", "all",
+                                 "--provenance", str(tmp_path / f"p/export/export_model-{seed}.md")],
+                                env=env, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-2000:]
         digests.append(files.sha256_file(out / manifest.ONNX_FILE))
     assert digests[0] == digests[1]

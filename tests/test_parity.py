@@ -6,13 +6,20 @@ import numpy as np
 import pytest
 
 from conftest import TINY
-from encoder_study import parity
+from encoder_study import compare, parity, parity_tables, tables
+from encoder_study.commands import parity as command
+
+
+def run(*argv: str) -> int:
+    """`encoder-study parity ARGV` in this process (cli.main would re-execute Python)."""
+    args = command.parser().parse_args(argv)
+    return args.run(args)
 
 
 def test_token_differences_on_a_hand_made_pair():
     ref = np.array([[[1.0, 0.0, 0.0], [3.0, 4.0, 0.0], [0.0, 0.0, 0.0]]], dtype=np.float32)[0]
     other = np.array([[1.0, 0.5, 0.0], [3.0, 4.0, 0.0], [0.0, 0.0, 0.0]], dtype=np.float32)
-    max_abs, cos = parity.token_differences(ref, other)
+    max_abs, cos = compare.token_differences(ref, other)
     assert max_abs.tolist() == [0.5, 0.0, 0.0]
     assert cos[0] == pytest.approx(1.0 / np.sqrt(1.25)) and cos[1] == 1.0
     assert cos[2] == 1.0  # two zero vectors agree
@@ -22,19 +29,19 @@ def test_csv_floats_round_trip_exactly():
     rows = [{"model": "m", "tokens": 3, "texts": 1, "truncated": 0, "max_abs": 0.1 + 0.2,
              "mean_abs": 1e-300, "min_cos": 0.99999999, "mean_cos": 1.0, "max_value": 40.7,
              "batch_max_abs": 0.0}]
-    text = parity.csv_text(rows, parity.INFERENCE_COLUMNS)
-    assert text.splitlines()[0] == ",".join(parity.INFERENCE_COLUMNS)
+    text = tables.csv_text(rows, parity_tables.INFERENCE_COLUMNS)
+    assert text.splitlines()[0] == ",".join(parity_tables.INFERENCE_COLUMNS)
     assert float(text.splitlines()[1].split(",")[4]) == 0.1 + 0.2
 
 
 def test_malformed_texts_name_the_line(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"id": 1, "source": "tatoeba", "lang": "eng", "text": "a"}\n{"id": 2}\n')
-    with pytest.raises(parity.ParityError, match=r"t.jsonl:2"):
-        parity.read_texts(path)
+    with pytest.raises(compare.ParityError, match=r"t.jsonl:2"):
+        compare.read_texts(path)
     path.write_text("")
-    with pytest.raises(parity.ParityError, match="empty"):
-        parity.read_texts(path)
+    with pytest.raises(compare.ParityError, match="empty"):
+        compare.read_texts(path)
 
 
 TEXTS = ["The bank can run fast.", "Příliš žluťoučký kůň.", "日本語のテキスト", "שלום עולם",
@@ -43,7 +50,7 @@ TEXTS = ["The bank can run fast.", "Příliš žluťoučký kůň.", "日本語�
 
 @pytest.mark.parametrize("name", TINY)
 def test_inference_parity_on_tiny_models(tiny_exports, models_dir, name):
-    model = parity.Model.load(tiny_exports[name], models_dir / "sources" / name / "source.json")
+    model = compare.Pair.load(tiny_exports[name], models_dir / "sources" / name / "source.json")
     row, diffs = parity.inference_parity(model, TEXTS, threads=1)
     assert row.texts == len(TEXTS) and row.tokens == diffs.size > len(TEXTS)
     assert row.max_abs < 1e-5 and row.min_cos > 0.99999 and row.max_value > 0.1
@@ -52,7 +59,7 @@ def test_inference_parity_on_tiny_models(tiny_exports, models_dir, name):
 
 
 def test_latency_rows(tiny_exports, models_dir):
-    model = parity.Model.load(tiny_exports["bert-tiny"], models_dir / "sources" / "bert-tiny" / "source.json")
+    model = compare.Pair.load(tiny_exports["bert-tiny"], models_dir / "sources" / "bert-tiny" / "source.json")
     rows = parity.latency(model, threads=1, batches=(1, 2), seq_len=16, warmup=1, runs=3)
     assert [(r["runtime"], r["batch"]) for r in rows] == [
         ("onnxruntime", 1), ("pytorch", 1), ("onnxruntime", 2), ("pytorch", 2)]
@@ -66,26 +73,26 @@ def test_commands_write_rows_table_plot_and_fragments(tiny_exports, models_dir, 
     parts = []
     for name in ("bert-tiny", "xlmr-tiny"):
         part = tmp_path / "inference" / f"{name}.csv"
-        assert parity.main(["inference", "--model-dir", str(tiny_exports[name]), "--source",
-                            str(models_dir / "sources" / name / "source.json"), "--texts", str(texts),
-                            "--out", str(part), "--diffs", str(part.with_suffix(".npy")),
-                            "--provenance", str(tmp_path / f"prov/parity/parity_inference-{name}.md")]) == 0
+        assert run("inference", "--model-dir", str(tiny_exports[name]), "--source",
+                   str(models_dir / "sources" / name / "source.json"), "--texts", str(texts),
+                   "--threads", "1", "--out", str(part), "--diffs", str(part.with_suffix(".npy")),
+                   "--provenance", str(tmp_path / f"prov/parity/parity_inference-{name}.md")) == 0
         parts.append(str(part))
     table = tmp_path / "inference.csv"
-    assert parity.main(["gather", "--kind", "inference", "--out", str(table), "--markdown",
-                        str(tmp_path / "inference.md"), "--plot", str(tmp_path / "inference.png"),
-                        "--provenance", str(tmp_path / "prov/parity/parity_table.md"), *reversed(parts)]) == 0
-    rows = parity.read_csv(table)
+    assert run("table", "--kind", "inference", "--out", str(table), "--markdown",
+               str(tmp_path / "inference.md"), "--plot", str(tmp_path / "inference.png"),
+               "--provenance", str(tmp_path / "prov/parity/parity_table_inference.md"), *reversed(parts)) == 0
+    rows = tables.read_csv(table)
     assert [r["model"] for r in rows] == ["bert-tiny", "xlmr-tiny"]
     assert (tmp_path / "inference.png").read_bytes().startswith(b"\x89PNG")
-    assert "Inference parity" in (tmp_path / "prov/parity/parity_table.md").read_text()
+    assert "Inference parity" in (tmp_path / "prov/parity/parity_table_inference.md").read_text()
 
 
 @pytest.mark.parametrize("name", TINY)
 def test_trainable_parity_on_tiny_models(tiny_exports, models_dir, name):
-    model = parity.Model.load(tiny_exports[name], models_dir / "sources" / name / "source.json")
-    rows = parity.trainable_parity(model, TEXTS, threads=1)
-    assert [r["comparison"] for r in rows] == list(parity.COMPARISONS)
+    model = compare.Pair.load(tiny_exports[name], models_dir / "sources" / name / "source.json")
+    rows = compare.trainable_parity(model, TEXTS, threads=1)
+    assert [r["comparison"] for r in rows] == list(compare.COMPARISONS)
     family = "modernbert" if name.startswith("modernbert") else "postnorm"
     for row in rows:
         assert row["family"] == family and row["batch_equal"] is True
@@ -98,13 +105,58 @@ def test_trainable_table_command(tiny_exports, models_dir, tmp_path):
                              for i, t in enumerate(TEXTS[:4])))
     part = tmp_path / "trainable" / "modernbert-tiny.csv"
     source = models_dir / "sources" / "modernbert-tiny" / "source.json"
-    assert parity.main(["trainable", "--model-dir", str(tiny_exports["modernbert-tiny"]), "--source",
-                        str(source), "--texts", str(texts),
-                        "--out", str(part), "--provenance",
-                        str(tmp_path / "prov/parity/parity_trainable-modernbert-tiny.md")]) == 0
+    assert run("trainable", "--model-dir", str(tiny_exports["modernbert-tiny"]), "--source",
+               str(source), "--texts", str(texts), "--threads", "1",
+               "--out", str(part), "--provenance",
+               str(tmp_path / "prov/parity/parity_trainable-modernbert-tiny.md")) == 0
     table = tmp_path / "trainable.csv"
-    assert parity.main(["gather", "--kind", "trainable", "--out", str(table), "--markdown",
-                        str(tmp_path / "trainable.md"), "--provenance", str(tmp_path / "prov/parity/t.md"),
-                        str(part)]) == 0
-    assert [r["comparison"] for r in parity.read_csv(table)] == list(parity.COMPARISONS)
+    assert run("table", "--kind", "trainable", "--out", str(table), "--markdown",
+               str(tmp_path / "trainable.md"), "--provenance", str(tmp_path / "prov/parity/t.md"),
+               str(part)) == 0
+    assert [r["comparison"] for r in tables.read_csv(table)] == list(compare.COMPARISONS)
     assert "batches of 8 = alone" in (tmp_path / "trainable.md").read_text()
+
+
+# The Markdown the tables had before they were rendered by tables.markdown: the same bytes.
+MARKDOWN_ROWS = {
+    "inference": [{"model": "a|b", "tokens": "12345", "texts": "3", "truncated": "0", "max_abs": "1.2345e-07",
+                   "mean_abs": "3.3e-09", "min_cos": "0.9999999876", "mean_cos": "1.0", "max_value": "40.71",
+                   "batch_max_abs": "0.0"},
+                  {"model": "m", "tokens": 7, "texts": 1, "truncated": 1, "max_abs": 0.1 + 0.2,
+                   "mean_abs": 1e-300, "min_cos": 0.99999999, "mean_cos": 1.0, "max_value": 1234.5678,
+                   "batch_max_abs": 2.5e-6}],
+    "trainable": [{"model": "m", "family": "postnorm", "comparison": "trainable vs pytorch",
+                   "tokens": 1234567, "max_abs": 1e-6, "mean_abs": 2e-8, "min_cos": 0.999999999,
+                   "max_value": 12.5, "batch_equal": True},
+                  {"model": "m", "family": "postnorm", "comparison": "graph runtime vs pytorch",
+                   "tokens": "99", "max_abs": "0.0", "mean_abs": "0.0", "min_cos": "1.0", "max_value": "0.5",
+                   "batch_equal": "False"}],
+    "latency": [{"model": "m", "runtime": "onnxruntime", "threads": 2, "batch": 8, "seq_len": 64,
+                 "median_ms": 1.23456, "min_ms": 0.9, "max_ms": 12345.6, "runs": 20},
+                {"model": "m", "runtime": "pytorch", "threads": "8", "batch": "1", "seq_len": "512",
+                 "median_ms": "0.000123", "min_ms": "0.0001", "max_ms": "1.0", "runs": "3"}],
+}
+MARKDOWN = {
+    "inference": (
+        "| model | tokens | max abs | mean abs | min cosine | mean cosine | largest value "
+        "| batch of 8 vs alone |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| a\\|b | 12,345 | 1.2e-07 | 3.3e-09 | 0.99999999 | 1.00000000 | 40.7 | 0 |\n"
+        "| m | 7 | 0.3 | 1e-300 | 0.99999999 | 1.00000000 | 1.23e+03 | 2.5e-06 |\n"),
+    "trainable": (
+        "| model | family | comparison | tokens | max abs | mean abs | min cosine | largest value "
+        "| batches of 8 = alone |\n"
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n"
+        "| m | postnorm | trainable vs pytorch | 1,234,567 | 1e-06 | 2e-08 | 1.00000000 | 12.5 | yes |\n"
+        "| m | postnorm | graph runtime vs pytorch | 99 | 0 | 0 | 1.00000000 | 0.5 | NO |\n"),
+    "latency": (
+        "| model | runtime | threads | batch | seq len | median ms | min ms | max ms |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| m | onnxruntime | 2 | 8 | 64 | 1.23 | 0.9 | 1.23e+04 |\n"
+        "| m | pytorch | 8 | 1 | 512 | 0.000123 | 0.0001 | 1 |\n"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MARKDOWN))
+def test_markdown_keeps_its_bytes(kind):
+    assert parity_tables.markdown(kind, MARKDOWN_ROWS[kind]) == MARKDOWN[kind]

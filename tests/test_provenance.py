@@ -2,7 +2,16 @@
 
 from pathlib import Path
 
-from encoder_study import files, provenance
+import pytest
+
+from encoder_study import cli, files, provenance, tables
+
+
+def command(*argv: str) -> int:
+    """`encoder-study provenance ...` in this process (cli re-executes itself unless PYTHONHASHSEED is 0)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONHASHSEED", "0")
+        return cli.main(["provenance", *argv])
 
 
 def _fragment(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -15,7 +24,7 @@ def _fragment(tmp_path: Path) -> tuple[Path, Path, Path]:
     with provenance.Fragment(frag, {"seed": 3}, threads=2, argv=["encoder-study", "demo"]) as f:
         f.inputs.append(inp)
         f.outputs += [data, frag]  # the fragment itself is never hashed into itself
-        f.table("Table", provenance.markdown_table(["a", "b"], [(1, 2)]))
+        f.table("Table", tables.markdown_table(["a", "b"], [(1, 2)]))
     return frag, inp, data
 
 
@@ -33,18 +42,19 @@ def test_fragment_records_files_settings_and_table(tmp_path):
 def test_verify_passes_then_names_a_changed_and_a_missing_file(tmp_path):
     frag, inp, data = _fragment(tmp_path)
     root = tmp_path / "provenance"
-    assert provenance.verify(root) == []
+    assert provenance.verify(root, ".") == []
+    assert command("verify", "--root", str(root), "--base", ".") == 0
     data.write_text("a,b\n1,3\n")
     inp.unlink()
-    problems = provenance.verify(root)
+    problems = provenance.verify(root, ".")
     assert len(problems) == 2
     assert any(str(data) in p and "changed" in p for p in problems)
     assert any(str(inp) in p and "missing" in p for p in problems)
-    assert provenance.main(["verify", "--root", str(root)]) == 1
+    assert command("verify", "--root", str(root), "--base", ".") == 1
 
 
 def test_verify_without_fragments_fails(tmp_path):
-    assert provenance.verify(tmp_path) and provenance.main(["verify", "--root", str(tmp_path)]) == 1
+    assert provenance.verify(tmp_path, ".") and command("verify", "--root", str(tmp_path), "--base", ".") == 1
 
 
 def test_failed_work_writes_no_fragment(tmp_path):
@@ -66,6 +76,9 @@ def test_join_keeps_the_given_order_and_demotes_headings(tmp_path):
     text = out.read_text()
     assert text.index("## first") < text.index("## second") and "### Files" in text
     assert text.startswith("# Provenance of the `demo` recipe")
+    again = tmp_path / "again.md"
+    assert command("join", "--recipe", "demo", "--out", str(again), str(a), str(b)) == 0
+    assert again.read_text() == text
 
 
 def test_tree_sha256_is_the_documented_recipe(tmp_path):

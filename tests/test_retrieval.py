@@ -1,6 +1,7 @@
 """The three-head retrieval graph: each head against the reference, the max reduction, padded batches,
 the published directory, its manifest and the verification command."""
 
+import dataclasses
 import json
 import shutil
 
@@ -9,7 +10,18 @@ import onnx
 import pytest
 import torch
 
-from encoder_study import export, files, retrieval, runtime, tables
+from encoder_study import cli, export, files, retrieval, runtime, tables
+
+# What the rules pass from the config (config/config.yaml's retrieval section).
+SETTINGS = retrieval.Settings(opset=18, tolerance=1e-4, threads=1, ort_optimization="basic",
+                              external_data="auto")
+
+
+def command(*argv: str) -> int:
+    """`encoder-study retrieval ...` in this process (cli re-executes itself unless PYTHONHASHSEED is 0)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONHASHSEED", "0")
+        return cli.main(["retrieval", *argv])
 
 
 @pytest.fixture(scope="module")
@@ -18,13 +30,14 @@ def built(tiny_exports, models_dir, tmp_path_factory):
     source = models_dir / "sources" / "xlmr-tiny" / "source.json"
     base = tmp_path_factory.mktemp("retrieval")
     prov = base / "provenance" / "retrieval"
-    assert retrieval.main(["heads", "--source", str(source), "--seed", "0", "--out-dir", str(base / "heads"),
-                           "--provenance", str(prov / "retrieval_heads.md")]) == 0
-    assert retrieval.main([
+    assert command("heads", "--source", str(source), "--seed", "0", "--out-dir", str(base / "heads"),
+                   "--provenance", str(prov / "retrieval_heads.md")) == 0
+    assert command(
         "export", "--source", str(source), "--heads-dir", str(base / "heads"),
         "--out-dir", str(base / "model"),
         "--parity", str(base / "parity.csv"), "--markdown", str(base / "parity.md"),
-        "--provenance", str(prov / "retrieval_export.md")]) == 0
+        "--opset", "18", "--tolerance", "1e-4", "--ort-optimization", "basic", "--external-data", "auto",
+        "--threads", "1", "--provenance", str(prov / "retrieval_export.md")) == 0
     return {"base": base, "source": source, "model": base / "model", "heads": base / "heads"}
 
 
@@ -146,19 +159,23 @@ def test_manifest_lists_every_published_file(built):
     assert record["heads_semantics"]["sparse_ignored_ids"] == {"cls": 0, "eos": 2, "pad": 1, "unk": 3}
     assert record["exporter"]["opset"] == 18 and record["optimization"]["offline"] == "basic"
     assert not list(built["base"].glob(".*.tmp"))  # no staging directory left behind
-    assert retrieval.verify(built["model"]) == []
+    assert retrieval.verify(built["model"], retrieval.MANIFEST) == []
 
 
 def test_verify_names_each_changed_and_missing_file(built, tmp_path, capsys):
     copy = tmp_path / "model"
     shutil.copytree(built["model"], copy)
-    assert retrieval.main(["verify", str(copy)]) == 0
+    verify = ["verify", str(copy), "--manifest", retrieval.MANIFEST, "--provenance", str(tmp_path / "v.md")]
+    assert command(*verify) == 0
+    assert "| " + str(copy) + " | " in (tmp_path / "v.md").read_text()
+    (tmp_path / "v.md").unlink()
     expected = files.sha256_file(copy / retrieval.TOKENIZER_FILE)
     with open(copy / retrieval.TOKENIZER_FILE, "a") as handle:
         handle.write(" ")
     (copy / retrieval.ONNX_FILE).unlink()
     capsys.readouterr()
-    assert retrieval.main(["verify", str(copy)]) == 1
+    assert command(*verify) == 1
+    assert not (tmp_path / "v.md").exists()  # no fragment unless every file matches
     err = capsys.readouterr().err
     assert f"{copy / retrieval.ONNX_FILE} is missing" in err
     assert f"{copy / retrieval.TOKENIZER_FILE} changed" in err and expected in err
@@ -166,25 +183,27 @@ def test_verify_names_each_changed_and_missing_file(built, tmp_path, capsys):
 
 def test_external_data_graph_is_published_whole(built, tmp_path):
     out = tmp_path / "external"
-    settings = retrieval.Settings(external_data="always")
+    settings = dataclasses.replace(SETTINGS, external_data="always")
     record, rows = retrieval.export_graph(built["source"], built["heads"], out, settings)
     assert {e["path"] for e in record["files"]} >= {retrieval.ONNX_FILE, retrieval.DATA_FILE}
     assert (out / retrieval.ONNX_FILE).stat().st_size < (out / retrieval.DATA_FILE).stat().st_size
-    assert all(r["allclose"] for r in rows) and retrieval.verify(out) == []
+    assert all(r["allclose"] for r in rows) and retrieval.verify(out, retrieval.MANIFEST) == []
     (out / retrieval.DATA_FILE).unlink()
-    assert [p for p in retrieval.verify(out) if retrieval.DATA_FILE in p]
+    assert [p for p in retrieval.verify(out, retrieval.MANIFEST) if retrieval.DATA_FILE in p]
 
 
 def test_a_failed_check_publishes_nothing(built, tmp_path):
     out = tmp_path / "strict" / "model"
     with pytest.raises(retrieval.RetrievalError, match="nothing was written"):
-        retrieval.export_graph(built["source"], built["heads"], out, retrieval.Settings(tolerance=1e-30))
+        retrieval.export_graph(built["source"], built["heads"], out,
+                               dataclasses.replace(SETTINGS, tolerance=1e-30))
     assert list((tmp_path / "strict").iterdir()) == []
 
 
 def test_opset_without_max_scatter_is_refused(built, tmp_path):
     with pytest.raises(retrieval.RetrievalError, match="opset 18"):
-        retrieval.export_graph(built["source"], built["heads"], tmp_path / "m", retrieval.Settings(opset=17))
+        retrieval.export_graph(built["source"], built["heads"], tmp_path / "m",
+                               dataclasses.replace(SETTINGS, opset=17))
 
 
 def test_heads_are_reproducible_and_read_like_flagembedding_files(built, tmp_path):

@@ -14,10 +14,11 @@ import torch
 from onnx import numpy_helper
 
 from encoder_study import manifest, trainable, writeback
+from encoder_study.distill import DistillError
 from encoder_study.distill import export as student_export
-from encoder_study.distill.student import StudentConfig, build, parameter_count
-from encoder_study.export import ExportError
+from encoder_study.distill.architecture import StudentConfig, build, parameter_count
 from encoder_study.frozen import FrozenEncoder
+from encoder_study.onnx import patch
 from encoder_study.tokens import Doc
 from encoder_study.trainable import GraphError
 from encoder_study.trainable.words import TrainableEncoder
@@ -25,6 +26,9 @@ from encoder_study.trainable.words import TrainableEncoder
 SMALL = StudentConfig(layers=2, width=32, heads=4, intermediate=64, embedding_width=8, max_positions=64)
 STUDY = {"layers": 6, "width": 384, "heads": 12, "intermediate": 1536, "embedding_width": 96,
          "max_positions": 512}
+# What `encoder-study student export` passes from the config (config/config.yaml's export section).
+EXPORT = {"name": "student", "tolerance": 1e-4, "threads": 1, "opset": 17, "ort_optimization": "all"}
+NO_RECORD: dict = {}
 TEXTS = ["The bank of the river floods.", "Příliš žluťoučký kůň úpěl ďábelské ódy.", "a",
          "Съешь же ещё этих мягких французских булок, да выпей чаю. " * 3]
 
@@ -58,7 +62,8 @@ def student(vocab):
 @pytest.fixture(scope="module")
 def exported(student, teacher, tmp_path_factory):
     out = tmp_path_factory.mktemp("student") / "student"
-    student_export.export_student(student, teacher, out, distillation={"checkpoint_sha256": "ab" * 32})
+    student_export.export_student(student, teacher, out, distillation={"checkpoint_sha256": "ab" * 32},
+                                  **EXPORT)
     return out
 
 
@@ -116,9 +121,9 @@ def test_build_is_deterministic_and_bert_initialised(vocab):
         else:
             assert not torch.equal(x, z) and abs(float(x.std()) - 0.02) < 0.005, name
     assert a.training and all(p.requires_grad for p in a.parameters())
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(DistillError, match="unknown keys"):
         StudentConfig.from_dict({**STUDY, "hidden": 3})
-    with pytest.raises(ValueError, match="heads"):
+    with pytest.raises(DistillError, match="heads"):
         StudentConfig.from_dict({**STUDY, "heads": 7})
 
 
@@ -178,17 +183,20 @@ def test_export_names_layout_and_graph(student, exported, teacher):
 
 def test_export_is_deterministic_and_refuses_without_publishing(student, exported, teacher, tmp_path):
     again = tmp_path / "again"
-    student_export.export_student(student, teacher, again, distillation={"checkpoint_sha256": "ab" * 32})
+    student_export.export_student(student, teacher, again, distillation={"checkpoint_sha256": "ab" * 32},
+                                  **EXPORT)
     for name in (*manifest.MODEL_FILES, manifest.MANIFEST):
         assert (again / name).read_bytes() == (exported / name).read_bytes(), name
     refused = tmp_path / "refused"
-    with pytest.raises(ExportError, match="tolerance"):
-        student_export.export_student(student, teacher, refused, tolerance=-1.0)
-    with pytest.raises(ExportError, match="factorised"):
-        student_export.export_student(trainable.load(teacher), teacher, refused)
+    with pytest.raises(DistillError, match="tolerance"):
+        student_export.export_student(student, teacher, refused, distillation=NO_RECORD,
+                                      **{**EXPORT, "tolerance": -1.0})
+    with pytest.raises(DistillError, match="factorised"):
+        student_export.export_student(trainable.load(teacher), teacher, refused, distillation=NO_RECORD,
+                                      **EXPORT)
     small = build(SMALL, 100, 0)
-    with pytest.raises(ExportError, match="whole vocabulary"):
-        student_export.export_student(small, teacher, refused)
+    with pytest.raises(DistillError, match="whole vocabulary"):
+        student_export.export_student(small, teacher, refused, distillation=NO_RECORD, **EXPORT)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # no output, no staging left
 
 
@@ -271,13 +279,14 @@ def test_writeback_unchanged_gives_the_same_bytes(exported, teacher, tmp_path, v
     source = exported
     if fresh:  # equal fresh biases and norms are stored once, the others read through Identity nodes
         source = tmp_path / "fresh"
-        student_export.export_student(build(SMALL, vocab, 0), teacher, source)
+        student_export.export_student(build(SMALL, vocab, 0), teacher, source, distillation=NO_RECORD,
+                                      **EXPORT)
     encoder = trainable.load(source, freeze_embeddings=False)
     replacements = writeback.module_weights_to_graph(encoder, source)
     assert "model.embeddings.word_embeddings.weight" in replacements
     assert replacements["model.embeddings.projection.weight"].shape == (8, 32)
     out = tmp_path / "out.onnx"
-    report = writeback.patch(source / manifest.ONNX_FILE, out, replacements)
+    report = patch.patch(source / manifest.ONNX_FILE, out, replacements)
     assert not report.rewritten and not report.materialized
     assert out.read_bytes() == (source / manifest.ONNX_FILE).read_bytes()
     frozen = writeback.module_weights_to_graph(trainable.load(source), source)
@@ -289,8 +298,8 @@ def test_writeback_perturbed_graph_equals_the_modules(exported, tmp_path, tokens
     encoder = trained(trainable.load(exported, freeze_embeddings=not tokens), seed=11, scale=0.05)
     out_dir = tmp_path / "patched"
     out_dir.mkdir()
-    report = writeback.patch(exported / manifest.ONNX_FILE, out_dir / manifest.ONNX_FILE,
-                             writeback.module_weights_to_graph(encoder, exported))
+    report = patch.patch(exported / manifest.ONNX_FILE, out_dir / manifest.ONNX_FILE,
+                         writeback.module_weights_to_graph(encoder, exported))
     assert "model.embeddings.projection.weight" in report.rewritten
     assert ("model.embeddings.word_embeddings.weight" in report.rewritten) == tokens
     ids, mask = batch(vocab=encoder.settings.vocab_size)
@@ -304,7 +313,7 @@ def test_writeback_perturbed_graph_equals_the_modules(exported, tmp_path, tokens
 
 
 def test_student_parity(student, exported):
-    rows = student_export.student_parity(student, exported, TEXTS, batch=3)
+    rows = student_export.student_parity(student, exported, TEXTS, threads=1, batch=3)
     assert [r["comparison"] for r in rows] == ["trainable vs pytorch", "graph runtime vs pytorch"]
     for r in rows:
         assert set(r) == set(student_export.PARITY_COLUMNS)

@@ -1,4 +1,4 @@
-"""The UPOS tagger: frozen and fine-tuned training, resuming, saved pipelines and the `tag` command.
+"""The UPOS tagger: frozen and fine-tuned training, resuming, saved pipelines and the `tagging` command.
 
 Offline and small: the project's tiny random encoders and MiniLM, a synthetic treebank of a few
 dozen sentences, a few steps per run.
@@ -14,26 +14,42 @@ import numpy as np
 import pytest
 import torch
 
-from encoder_study import files, tag, treebank
+from encoder_study import files
+from encoder_study.commands import tagging as command
+from encoder_study.data import conllu, synthetic
 from encoder_study.frozen import FrozenEncoder
 from encoder_study.tagging import evaluate, pipeline, runs
-from encoder_study.tagging.steptime import COLUMNS, IMPLEMENTATIONS, step_time
+from encoder_study.tagging.steptime import COLUMNS, IMPLEMENTATIONS, StepTimeError, step_time
 from encoder_study.tagging.tagger import Tagger, word_batches
-from encoder_study.tagging.train import CheckpointError, ChunkDone, TrainSettings, train
+from encoder_study.tagging.train import CheckpointError, TrainingError, TrainSettings, train
 from encoder_study.trainable.words import TrainableEncoder
 
 SIZES = {"train": 60, "dev": 20, "test": 20}
+# The settings a test does not choose (the library has no defaults; the config schema holds the workflow's).
+UNCHOSEN = {"seed": 0, "lr": 1e-3, "weight_decay": 0.01, "epochs": 0, "max_steps": 0, "warmup": 0,
+            "batch_words": 100, "eval_every": 0, "eval_batch_words": 2000, "clip": 1.0, "threads": 1}
+OPTIONS = runs.EncoderOptions(max_length=512, window_batch=8, max_batch_pieces=8192, freeze_embeddings=True)
+
+
+def settings_for(mode: str, **chosen) -> TrainSettings:
+    return TrainSettings(mode=mode, **{**UNCHOSEN, **chosen})
+
+
+def run(*argv: str) -> int:
+    """`encoder-study tagging ARGV` in this process (cli.main would re-execute Python)."""
+    args = command.parser().parse_args(argv)
+    return args.run(args)
 
 
 @pytest.fixture(scope="module")
 def bank(tmp_path_factory) -> dict:
     """split -> path of a small synthetic treebank."""
-    return treebank.write_synthetic(tmp_path_factory.mktemp("treebank"), seed=0, sizes=SIZES)
+    return synthetic.write_synthetic(tmp_path_factory.mktemp("treebank"), seed=0, sizes=SIZES)
 
 
 @pytest.fixture(scope="module")
 def sentences(bank) -> dict:
-    return {split: treebank.read_conllu(path) for split, path in bank.items()}
+    return {split: conllu.read_conllu(path) for split, path in bank.items()}
 
 
 def frozen_tagger(model_dir, seed=0) -> Tagger:
@@ -72,7 +88,7 @@ def test_frozen_encoder_runs_each_document_once_across_epochs(tiny_exports, sent
     encoder = tagger.encoder
     unique = set(docs(sentences["train"]) + docs(sentences["dev"]))
     windows = sum(len(encoder.tokenizer.prepare(d, encoder.max_length).windows) for d in unique)
-    settings = TrainSettings.for_mode("frozen", epochs=4, batch_words=100, lr=1e-2)
+    settings = settings_for("frozen", epochs=4, batch_words=100, lr=1e-2)
     result = train(tagger, sentences["train"], sentences["dev"], settings)
     assert result.epochs == 4 and len(result.history) == 4  # dev scored at every epoch's end
     assert result.steps > 4 * 3
@@ -86,7 +102,7 @@ def test_frozen_encoder_runs_each_document_once_across_epochs(tiny_exports, sent
 
 def test_frozen_head_learns_and_beats_the_most_frequent_tag_baseline(minilm_export, sentences):
     tagger = frozen_tagger(minilm_export)
-    settings = TrainSettings.for_mode("frozen", epochs=6, batch_words=100, lr=1e-2)
+    settings = settings_for("frozen", epochs=6, batch_words=100, lr=1e-2)
     result = train(tagger, sentences["train"], sentences["dev"], settings)
     losses = [h["train_loss"] for h in result.history]
     assert losses[-1] < 0.5 * losses[0]
@@ -106,7 +122,7 @@ def test_finetuning_moves_the_layers_and_only_an_unfrozen_token_table(tiny_expor
     inner = tagger.encoder.encoder
     before = {name: p.detach().clone() for name, p in inner.named_parameters()}
     head_before = tagger.head.weight.detach().clone()
-    settings = TrainSettings.for_mode("finetuned", max_steps=3, warmup=1, eval_every=3, lr=1e-3,
+    settings = settings_for("finetuned", max_steps=3, warmup=1, eval_every=3, lr=1e-3,
                                       batch_words=100)
     train(tagger, sentences["train"], sentences["dev"], settings)
     after = dict(inner.named_parameters())
@@ -122,33 +138,66 @@ def test_finetuning_moves_the_layers_and_only_an_unfrozen_token_table(tiny_expor
 # -- resuming ------------------------------------------------------------------------------------------
 
 
+class Crash(Exception):
+    """What the test raises to end a run as a crash would, right after a checkpoint is written."""
+
+
+def crash_after_saves(monkeypatch, count: int) -> list[int]:
+    """Make the `count`-th checkpoint write crash the run once the file is written; returns the steps
+    saved."""
+    write_torch, saved = files.write_torch, []
+
+    def write_then_crash(path, state):
+        write_torch(path, state)
+        saved.append(state["step"])
+        if len(saved) == count:
+            raise Crash(f"crashed after saving step {state['step']}")
+
+    monkeypatch.setattr(files, "write_torch", write_then_crash)
+    return saved
+
+
 @pytest.mark.parametrize("mode,model", [("frozen", "bert-tiny"), ("finetuned", "modernbert-tiny")])
-def test_a_run_in_chunks_ends_bit_for_bit_where_one_run_ends(tiny_exports, sentences, tmp_path, mode, model):
+def test_a_run_that_saves_crashes_and_resumes_ends_bit_for_bit_where_one_run_ends(
+        tiny_exports, sentences, tmp_path, monkeypatch, mode, model):
     make = frozen_tagger if mode == "frozen" else trainable_tagger
-    if mode == "frozen":  # dev at the end of each epoch; chunk ends fall inside epochs
-        settings = TrainSettings.for_mode(mode, epochs=3, batch_words=100, lr=1e-2)
+    if mode == "frozen":  # dev at the end of each epoch; saves fall inside epochs
+        settings = settings_for(mode, epochs=3, batch_words=100, lr=1e-2)
+        every = 5
     else:
-        settings = TrainSettings.for_mode(mode, max_steps=7, eval_every=3, warmup=2, lr=1e-3, batch_words=100)
+        settings = settings_for(mode, max_steps=7, eval_every=3, warmup=2, lr=1e-3, batch_words=100)
+        every = 2
 
     whole = make(tiny_exports[model])
     one = train(whole, sentences["train"], sentences["dev"], settings)
+    assert one.steps > 2 * every
 
+    # Saving every `every` steps and going on changes nothing (one invocation).
+    saving = make(tiny_exports[model])
+    kept = train(saving, sentences["train"], sentences["dev"], settings, checkpoint=tmp_path / "kept.pt",
+                 chunk_steps=every)
+    assert [(c["first_step"], c["last_step"]) for c in kept.chunks] == [(1, one.steps)]
+    assert states_equal(whole.trainable_state(), saving.trainable_state())
+    assert kept.history == one.history and kept.best_step == one.best_step
+
+    # A crash after the second save; the same call again resumes there, in a fresh tagger as a new
+    # process would build, and ends where the uninterrupted run ends.
     checkpoint = tmp_path / "checkpoint.pt"
-    stops = []
-    while True:
-        chunked = make(tiny_exports[model])  # a fresh tagger, as a new process would build
-        try:
-            result = train(chunked, sentences["train"], sentences["dev"], settings, checkpoint=checkpoint,
-                           chunk_steps=5 if mode == "frozen" else 2)
-            break
-        except ChunkDone as done:
-            stops.append(done.step)
-    assert len(stops) >= 2 and stops[0] < one.steps
-    assert result.resumed_from == stops[-1]
-    assert [c["last_step"] for c in result.chunks] == [*stops, one.steps]
-    assert states_equal(whole.trainable_state(), chunked.trainable_state())
+    with monkeypatch.context() as patch:
+        saved = crash_after_saves(patch, 2)
+        with pytest.raises(Crash):
+            train(make(tiny_exports[model]), sentences["train"], sentences["dev"], settings,
+                  checkpoint=checkpoint, chunk_steps=every)
+    assert saved == [every, 2 * every]
+    resumed = make(tiny_exports[model])
+    result = train(resumed, sentences["train"], sentences["dev"], settings, checkpoint=checkpoint,
+                   chunk_steps=every)
+    assert result.resumed_from == 2 * every
+    assert [(c["first_step"], c["last_step"]) for c in result.chunks] == [(1, 2 * every),
+                                                                         (2 * every + 1, one.steps)]
+    assert states_equal(whole.trainable_state(), resumed.trainable_state())
     assert result.history == one.history and result.best_step == one.best_step
-    assert whole.predict(docs(sentences["test"])) == chunked.predict(docs(sentences["test"]))
+    assert whole.predict(docs(sentences["test"])) == resumed.predict(docs(sentences["test"]))
 
     # The finished checkpoint resumes as a finished run; other settings are refused.
     again = make(tiny_exports[model])
@@ -168,18 +217,18 @@ def test_a_saved_pipeline_reloads_to_the_same_predictions(tiny_exports, sentence
     model_dir = tiny_exports["modernbert-tiny"]
     if kind == "transformer":
         tagger = frozen_tagger(model_dir)
-        settings = TrainSettings.for_mode("frozen", epochs=2, batch_words=100, lr=1e-2)
+        settings = settings_for("frozen", epochs=2, batch_words=100, lr=1e-2)
     else:
         tagger = trainable_tagger(model_dir)
-        settings = TrainSettings.for_mode("finetuned", max_steps=3, eval_every=3, lr=1e-3, batch_words=100)
+        settings = settings_for("finetuned", max_steps=3, eval_every=3, warmup=40, lr=1e-3, batch_words=100)
     train(tagger, sentences["train"], sentences["dev"], settings)
     assert tagger.kind == kind
     test_docs = docs(sentences["test"])
     with torch.no_grad():
         logits = tagger.eval()(test_docs)
 
-    path = pipeline.save(tagger, tmp_path / "out" / pipeline.FILE_NAME, training={"steps": 3},
-                         export_graphs=False)  # inline; graph pipelines: test_writeback_pipeline.py
+    # inline; graph pipelines: test_writeback_pipeline.py
+    path = pipeline.save(tagger, tmp_path / "out" / pipeline.FILE_NAME, training={"steps": 3})
     saved, tensors = pipeline.read(path)
     assert saved["kind"] == kind and saved["encoder"]["files"] == tagger.encoder_files()
     if kind == "transformer":
@@ -194,8 +243,7 @@ def test_a_saved_pipeline_reloads_to_the_same_predictions(tiny_exports, sentence
     assert again.predict(test_docs) == tagger.predict(test_docs)
     assert states_equal(again.trainable_state(), tagger.trainable_state())
     # Same content, same bytes.
-    copy = pipeline.save(again, tmp_path / "out" / "again.safetensors", training={"steps": 3},
-                         export_graphs=False)
+    copy = pipeline.save(again, tmp_path / "out" / "again.safetensors", training={"steps": 3})
     assert copy.read_bytes() == path.read_bytes()
 
 
@@ -237,42 +285,55 @@ def only_upos_differs(gold_path, pred_path) -> int:
         g_cols, p_cols = g.split("\t"), p.split("\t")
         if len(g_cols) == 10 and g_cols[0].isdigit():
             assert p_cols[:3] + p_cols[4:] == g_cols[:3] + g_cols[4:]
-            assert p_cols[3] in treebank.UPOS
+            assert p_cols[3] in conllu.UPOS
             changed += p_cols[3] != g_cols[3]
         else:
             assert p == g
     return changed
 
 
-def test_the_tag_command_trains_scores_compares_and_writes_provenance(tiny_exports, bank, tmp_path):
-    splits = ["--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"])]
-    out, prov = tmp_path / "tagging", tmp_path / "provenance" / "en-tagging"
-    common = [*splits, "--resamples", "100", "--no-progress"]
-    assert tag.main(["train", "--run", "frozen-mean", "--model-dir", str(tiny_exports["bert-tiny"]),
-                     "--mode", "frozen", "--pooling", "mean", "--out-dir", str(out / "frozen-mean"),
-                     "--epochs", "2", "--lr", "1e-2", "--batch-words", "100", *common,
-                     "--provenance", str(prov / "tag_train-frozen-mean.md")]) == 0
-    finetune = ["train", "--run", "finetuned-first", "--model-dir", str(tiny_exports["bert-tiny"]),
-                "--mode", "finetuned", "--pooling", "first", "--out-dir", str(out / "finetuned-first"),
-                "--max-steps", "4", "--eval-every", "2", "--warmup", "1", "--lr", "1e-3", "--batch-words",
-                "100", "--chunk-steps", "3", *common,
-                "--provenance", str(prov / "tag_train-finetuned-first.md")]
-    assert tag.main(finetune) == tag.CHUNK_EXIT  # stopped after 3 of 4 steps
-    assert (out / "finetuned-first" / "checkpoint.pt").is_file()
-    assert not (prov / "tag_train-finetuned-first.md").exists()
-    assert tag.main(finetune) == 0
-    assert not (out / "finetuned-first" / "checkpoint.pt").exists()
-    assert tag.main(["baseline", "--out-dir", str(out / "baseline"), *splits, "--resamples", "100",
-                     "--provenance", str(prov / "tag_baseline.md")]) == 0
+def train_argv(run_name: str, model_dir, out, prov, bank, **chosen) -> list[str]:
+    """`tagging train` arguments: every option given, as the rule gives them."""
+    values = {"pooling": "mean", "seed": 0, "lr": 1e-3, "weight-decay": 0.01, "epochs": 0, "max-steps": 0,
+              "warmup": 0, "batch-words": 100, "eval-every": 0, "eval-batch-words": 2000, "clip": 1.0,
+              "threads": 1, "max-length": 512, "window-batch": 8, "max-batch-pieces": 8192, "chunk-steps": 0,
+              "resamples": 100, "bootstrap-seed": 0, **chosen}
+    return ["train", "--run", run_name, "--model-dir", str(model_dir), "--out-dir", str(out / run_name),
+            "--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"]),
+            "--checkpoint", str(out / "checkpoints" / f"{run_name}.pt"),
+            *(x for k, v in values.items() for x in (f"--{k}", str(v))),
+            "--provenance", str(prov / f"tagging_train-{run_name}.md")]
 
-    for run, mode in (("frozen-mean", "frozen"), ("finetuned-first", "finetuned")):
-        run_dir = out / run
+
+def test_the_tagging_command_trains_scores_compares_and_writes_provenance(tiny_exports, bank, tmp_path,
+                                                                          monkeypatch):
+    splits = ["--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"])]
+    out, prov = tmp_path / "tagging", tmp_path / "provenance" / "tagging"
+    assert run(*train_argv("frozen-mean", tiny_exports["bert-tiny"], out, prov, bank, mode="frozen",
+                           epochs=2, lr=1e-2)) == 0
+    finetune = train_argv("finetuned-first", tiny_exports["bert-tiny"], out, prov, bank, mode="finetuned",
+                          pooling="first", **{"max-steps": 4, "eval-every": 2, "warmup": 1, "chunk-steps": 3})
+    checkpoint = out / "checkpoints" / "finetuned-first.pt"
+    with monkeypatch.context() as patch:  # the job crashes after saving step 3 of 4
+        crash_after_saves(patch, 1)
+        with pytest.raises(Crash):
+            run(*finetune)
+    assert checkpoint.is_file()
+    assert not (prov / "tagging_train-finetuned-first.md").exists()
+    assert run(*finetune) == 0  # the retry resumes from step 3
+    assert not checkpoint.exists()
+    assert run("baseline", "--run", "baseline", "--out-dir", str(out / "baseline"), *splits,
+               "--resamples", "100", "--bootstrap-seed", "0",
+               "--provenance", str(prov / "tagging_baseline.md")) == 0
+
+    for run_name, mode in (("frozen-mean", "frozen"), ("finetuned-first", "finetuned")):
+        run_dir = out / run_name
         for name in ("pipeline.safetensors", "dev.pred.conllu", "test.pred.conllu", "scores.csv", "scores.md",
                      "history.csv", "run.json"):
             assert (run_dir / name).is_file(), name
         rows = read_csv(run_dir / "scores.csv")
         assert [(r["run"], r["encoder"], r["mode"], r["split"]) for r in rows] == [
-            (run, "bert-tiny", mode, "dev"), (run, "bert-tiny", mode, "test")]
+            (run_name, "bert-tiny", mode, "dev"), (run_name, "bert-tiny", mode, "test")]
         record = json.loads((run_dir / "run.json").read_text())
         assert record["dev_upos_check"] and record["selected"]["dev_upos"] == float(rows[0]["upos"])
         history = read_csv(run_dir / "history.csv")
@@ -281,24 +342,24 @@ def test_the_tag_command_trains_scores_compares_and_writes_provenance(tiny_expor
             "transformer" if mode == "frozen" else "transformer-trainable")
         for split in ("dev", "test"):
             only_upos_differs(bank[split], run_dir / f"{split}.pred.conllu")
-        fragment = (prov / f"tag_train-{run}.md").read_text()
+        fragment = (prov / f"tagging_train-{run_name}.md").read_text()
         for name in ("pipeline.safetensors", "test.pred.conllu", "model.onnx", "train.conllu"):
             assert name in fragment
         assert files.sha256_file(run_dir / "pipeline.safetensors") in fragment
     assert [int(h["step"]) for h in read_csv(out / "finetuned-first" / "history.csv")] == [2, 4]
-    assert "in 2 invocation(s): steps 1-3" in (prov / "tag_train-finetuned-first.md").read_text()
+    assert "in 2 invocation(s): steps 1-3" in (prov / "tagging_train-finetuned-first.md").read_text()
     # The baseline tags only from train's forms: on this treebank it gets most words right.
     assert only_upos_differs(bank["test"], out / "baseline" / "test.pred.conllu") > 0
 
     gathered = tmp_path / "gathered"
     run_dirs = [f"--run-dir={out / r}" for r in ("frozen-mean", "finetuned-first", "baseline")]
-    assert tag.main(["gather", *run_dirs,
-                     "--gold", f"dev={bank['dev']}", "--gold", f"test={bank['test']}",
-                     "--compare", "finetuned-first:frozen-mean", "--compare", "frozen-mean:baseline",
-                     "--reference", "baseline", "--scores-out", str(gathered / "scores.csv"),
-                     "--comparisons-out", str(gathered / "comparisons.csv"),
-                     "--plot", str(gathered / "dev.png"),
-                     "--resamples", "100", "--provenance", str(prov / "tag_gather.md")]) == 0
+    assert run("tables", *run_dirs,
+               "--gold", f"dev={bank['dev']}", "--gold", f"test={bank['test']}",
+               "--compare", "finetuned-first:frozen-mean", "--compare", "frozen-mean:baseline",
+               "--reference", "baseline", "--scores-out", str(gathered / "scores.csv"),
+               "--comparisons-out", str(gathered / "comparisons.csv"),
+               "--plot", str(gathered / "dev.png"), "--seed", "0",
+               "--resamples", "100", "--provenance", str(prov / "tagging_tables.md")) == 0
     scores = read_csv(gathered / "scores.csv")
     assert len(scores) == 6 and {r["run"] for r in scores} == {"frozen-mean", "finetuned-first", "baseline"}
     comparisons = read_csv(gathered / "comparisons.csv")
@@ -310,11 +371,38 @@ def test_the_tag_command_trains_scores_compares_and_writes_provenance(tiny_expor
         assert float(r["diff"]) == pytest.approx(upos[(r["a"], r["split"])] - upos[(r["b"], r["split"])])
         assert float(r["ci_low"]) <= float(r["diff"]) <= float(r["ci_high"])
     assert (gathered / "dev.png").read_bytes()[:4] == b"\x89PNG"
-    assert "Comparisons" in (prov / "tag_gather.md").read_text()
-    # A comparison naming an unknown run is refused with the known ones.
-    assert tag.main(["gather", f"--run-dir={out / 'baseline'}", "--compare", "baseline:nope",
-                     "--scores-out", str(tmp_path / "x.csv"), "--comparisons-out", str(tmp_path / "y.csv"),
-                     "--provenance", str(prov / "tag_gather-bad.md")]) == 2
+    assert "Comparisons" in (prov / "tagging_tables.md").read_text()
+    # A comparison naming an unknown run is refused with the known ones (a user error: exit status 2).
+    with pytest.raises(runs.RunError, match=r"no run 'nope' among \['baseline'\]"):
+        run("tables", f"--run-dir={out / 'baseline'}", "--compare", "baseline:nope",
+            "--scores-out", str(tmp_path / "x.csv"), "--comparisons-out", str(tmp_path / "y.csv"),
+            "--resamples", "100", "--seed", "0", "--provenance", str(prov / "tagging_tables-bad.md"))
+
+
+def test_a_checkpointed_run_gives_the_bytes_of_an_uninterrupted_one(tiny_exports, bank, tmp_path,
+                                                                     monkeypatch):
+    """The default config's fine-tuned run saves midway: every output equals that of a run that never
+    saves, and that of a run that crashed after the save and was retried."""
+    out, prov = tmp_path / "tagging", tmp_path / "provenance"
+    chosen = {"mode": "finetuned", "max-steps": 6, "eval-every": 2, "warmup": 2}
+    names = ("pipeline.safetensors", "dev.pred.conllu", "test.pred.conllu", "scores.csv", "scores.md",
+             "history.csv", "run.json")
+
+    def outputs(run_name: str, **more) -> dict[str, bytes]:
+        argv = train_argv(run_name, tiny_exports["bert-tiny"], out, prov, bank, **{**chosen, **more})
+        argv[argv.index("--out-dir") + 1] = str(out / run_name)
+        assert run(*argv) == 0
+        return {name: (out / run_name / name).read_bytes().replace(run_name.encode(), b"RUN")
+                for name in names}
+
+    whole = outputs("run-a")  # names of one length: the pipeline's header holds the name
+    assert outputs("run-b", **{"chunk-steps": 3}) == whole
+    with monkeypatch.context() as patch:
+        crash_after_saves(patch, 1)
+        with pytest.raises(Crash):
+            outputs("run-c", **{"chunk-steps": 3})
+    assert (out / "checkpoints" / "run-c.pt").is_file()
+    assert outputs("run-c", **{"chunk-steps": 3}) == whole
 
 
 # -- step time -----------------------------------------------------------------------------------------
@@ -322,7 +410,7 @@ def test_the_tag_command_trains_scores_compares_and_writes_provenance(tiny_expor
 
 def test_step_time_rows_for_both_implementations(tiny_exports, models_dir, tmp_path):
     source = models_dir / "sources" / "bert-tiny" / "source.json"
-    rows = step_time(tiny_exports["bert-tiny"], source, batch=4, length=8, warmup=1, steps=2)
+    rows = step_time(tiny_exports["bert-tiny"], source, batch=4, length=8, warmup=1, steps=2, lr=5e-5, seed=0)
     assert [r["implementation"] for r in rows] == list(IMPLEMENTATIONS)
     for row in rows:
         assert set(COLUMNS) <= set(row) and row["model"] == "bert-tiny"
@@ -330,23 +418,30 @@ def test_step_time_rows_for_both_implementations(tiny_exports, models_dir, tmp_p
         assert row["parameters"] > 0
     assert rows[0]["max_abs"] < 1e-4  # the same weights on the same batch
     out = tmp_path / "step_time.csv"
-    assert tag.main(["step-time", "--model", str(tiny_exports["bert-tiny"]), str(source), "--out", str(out),
-                     "--batch", "2", "--length", "8", "--steps", "1",
-                     "--provenance", str(tmp_path / "prov" / "tag_step_time.md")]) == 0
+    timing = ["--batch", "2", "--length", "8", "--warmup", "2", "--steps", "1", "--lr", "5e-5", "--seed", "0",
+              "--threads", "1"]
+    assert run("step-time", "--model", str(tiny_exports["bert-tiny"]), str(source), "--out", str(out),
+               *timing, "--provenance", str(tmp_path / "prov" / "tagging_step_time.md")) == 0
     table = read_csv(out)
     assert list(table[0]) == COLUMNS and [r["implementation"] for r in table] == list(IMPLEMENTATIONS)
     assert np.isfinite([float(r["total_s"]) for r in table]).all()
-    assert tag.main(["step-time", "--model", str(tiny_exports["bert-tiny"]),
-                     str(models_dir / "sources" / "xlmr-tiny" / "source.json"), "--out", str(out),
-                     "--provenance", str(tmp_path / "prov" / "tag_step_time-bad.md")]) == 2
+    with pytest.raises(StepTimeError, match="describes another source"):
+        run("step-time", "--model", str(tiny_exports["bert-tiny"]),
+            str(models_dir / "sources" / "xlmr-tiny" / "source.json"), "--out", str(out), *timing,
+            "--provenance", str(tmp_path / "prov" / "tagging_step_time-bad.md"))
+
+
+def test_every_option_is_required_the_schema_holds_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        command.parser().parse_args(["step-time", "--model", "m", "s", "--out", "o", "--provenance", "p"])
+    assert "the following arguments are required: --batch, --length" in capsys.readouterr().err
 
 
 def test_settings_need_an_end_and_a_matching_encoder(tiny_exports, sentences):
-    with pytest.raises(ValueError, match="set epochs or max_steps"):
-        TrainSettings.for_mode("frozen", epochs=0)
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(TrainingError, match="set epochs or max_steps"):
+        settings_for("frozen", epochs=0)
+    with pytest.raises(TrainingError, match="mode"):
         train(frozen_tagger(tiny_exports["bert-tiny"]), sentences["train"], sentences["dev"],
-              TrainSettings.for_mode("finetuned", max_steps=1))
-    built = runs.build_tagger(tiny_exports["bert-tiny"], "finetuned", "mean", 0)
+              settings_for("finetuned", max_steps=1))
+    built = runs.build_tagger(tiny_exports["bert-tiny"], "finetuned", "mean", 0, OPTIONS, threads=1)
     assert built.kind == "transformer-trainable"
-    assert TrainSettings.for_mode("finetuned", max_steps=9).epochs == 0  # the steps decide

@@ -7,18 +7,26 @@ under config/texts, and file:// URLs for the download function.
 import hashlib
 import io
 import json
+import os
 import random
 import tarfile
 import unicodedata
 import zipfile
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import regex
 
 from conftest import ROOT
-from encoder_study import files
+from encoder_study import cli, files
 from encoder_study.data import texts
+
+
+def command(*argv: str) -> int:
+    """`encoder-study parity ARGV` through cli.main, in this process (the hash seed already fixed)."""
+    with mock.patch.dict(os.environ, {"PYTHONHASHSEED": "0"}):
+        return cli.main(["parity", *argv])
 
 SAMPLE_TATOEBA = ROOT / "config" / "texts" / "tatoeba_sample.tsv"
 SAMPLE_UDHR = ROOT / "config" / "texts" / "udhr_sample"
@@ -235,7 +243,7 @@ def sample_sources():
 
 def test_language_asked_for_must_be_registered():
     with pytest.raises(texts.TextError, match=r"--languages: language 'xyz' is not in the language registry "
-                                              r"\(LANGUAGES in encoder_study/texts\.py\); add it there"):
+                                              r"\(LANGUAGES in encoder_study/data/texts\.py\); add it there"):
         texts.select_texts(sample_sources(), {"tatoeba": 3, "udhr": 1}, 0, 400, ["eng", "xyz"])
     with pytest.raises(texts.TextError, match="--languages: language code 'EN' is not well-formed"):
         texts.select_texts(sample_sources(), {"tatoeba": 3, "udhr": 1}, 0, 400, ["EN"])
@@ -268,38 +276,38 @@ def test_fetch_file_url_with_good_bad_and_no_hash(tmp_path):
     assert "%20" in url
 
     dest = tmp_path / "got" / "sentences.csv"
-    assert texts.fetch(url, dest, sha(payload)) == sha(payload)
+    assert texts.fetch(url, dest, sha(payload), timeout=60) == sha(payload)
     assert dest.read_bytes() == payload
-    assert texts.fetch(url, tmp_path / "unpinned.csv", "") == sha(payload)  # recorded for the caller
-    assert texts.fetch(str(source), tmp_path / "by-path.csv", sha(payload).upper()) == sha(payload)
+    assert texts.fetch(url, tmp_path / "unpinned.csv", "", 60) == sha(payload)  # recorded for the caller
+    assert texts.fetch(str(source), tmp_path / "by-path.csv", sha(payload).upper(), 60) == sha(payload)
 
     dest.write_bytes(b"the previous file")
     wrong = "0" * 64
     with pytest.raises(files.IntegrityError) as info:
-        texts.fetch(url, dest, wrong)
+        texts.fetch(url, dest, wrong, timeout=60)
     message = str(info.value)
     assert url in message and f"expected SHA-256 {wrong}" in message and f"actual {sha(payload)}" in message
     assert dest.read_bytes() == b"the previous file"  # a bad download replaces nothing
     assert not list(dest.parent.glob(".*.tmp"))
 
     with pytest.raises(texts.TextError, match="is not a SHA-256"):
-        texts.fetch(url, dest, "abc")
+        texts.fetch(url, dest, "abc", timeout=60)
     with pytest.raises(texts.TextError, match="no such file"):
-        texts.fetch((tmp_path / "missing.csv").as_uri(), dest)
+        texts.fetch((tmp_path / "missing.csv").as_uri(), dest, "", 60)
 
 
 def test_fetch_command_writes_file_and_fragment(tmp_path):
     source = tmp_path / "udhr_xml.zip"
     source.write_bytes(b"PK-not-really-a-zip")
-    out, frag = tmp_path / "sources" / "udhr_xml.zip", tmp_path / "prov" / "parity" / "fetch_udhr.md"
-    assert texts.main(["fetch", "--url", source.as_uri(), "--sha256", "", "--out", str(out),
-                       "--provenance", str(frag)]) == 0
+    out, frag = tmp_path / "sources" / "udhr_xml.zip", tmp_path / "prov" / "parity" / "parity_fetch-udhr.md"
+    assert command("fetch", "--url", source.as_uri(), "--sha256", "", "--out", str(out), "--timeout", "60",
+                   "--provenance", str(frag)) == 0
     assert out.read_bytes() == source.read_bytes()
     body = frag.read_text()
     assert f"SHA-256 {sha(source.read_bytes())} (recorded, not pinned" in body
     assert str(out) in body and str(source) in body
-    assert texts.main(["fetch", "--url", source.as_uri(), "--sha256", "1" * 64, "--out", str(out),
-                       "--provenance", str(frag)]) == 2
+    assert command("fetch", "--url", source.as_uri(), "--sha256", "1" * 64, "--out", str(out),
+                   "--timeout", "60", "--provenance", str(frag)) == 2
 
 
 # --- cutting --------------------------------------------------------------------------------------
@@ -348,10 +356,11 @@ def test_cut_on_the_sample_is_a_grapheme_prefix():
 
 def run_select(tmp_path, name, tatoeba=SAMPLE_TATOEBA, udhr=SAMPLE_UDHR, *extra) -> tuple[int, Path, Path]:
     out = tmp_path / name / "results" / "texts" / "parity_texts.jsonl"
-    frag = tmp_path / name / "provenance" / "parity" / "select_texts.md"
-    rc = texts.main(["--tatoeba", str(tatoeba), "--tatoeba-sha256", "", "--udhr", str(udhr),
-                     "--udhr-sha256", "", "--seed", "0", "--tatoeba-count", "150", "--udhr-count", "50",
-                     "--max-chars", "400", "--out", str(out), "--provenance", str(frag), *extra])
+    frag = tmp_path / name / "provenance" / "parity" / "parity_select.md"
+    rc = command("select", "--tatoeba", str(tatoeba), "--tatoeba-sha256", "", "--udhr", str(udhr),
+                 "--udhr-sha256", "", "--seed", "0", "--tatoeba-count", "150", "--udhr-count", "50",
+                 "--max-chars", "400", "--languages", "", "--out", str(out), "--provenance", str(frag),
+                 *extra)
     return rc, out, frag
 
 
@@ -440,12 +449,14 @@ def test_command_end_to_end_on_the_sample(tmp_path, capsys):
 def test_command_accepts_select_subcommand_and_file_urls(tmp_path):
     rc, first, _ = run_select(tmp_path, "plain")
     out = tmp_path / "sub" / "parity_texts.jsonl"
-    frag = tmp_path / "sub" / "parity" / "select_texts.md"
-    assert texts.main(["select", "--tatoeba", SAMPLE_TATOEBA.as_uri(), "--udhr", SAMPLE_UDHR.as_uri(),
-                       "--out", str(out), "--provenance", str(frag)]) == 0
-    assert out.read_bytes() == first.read_bytes()  # the defaults are the study's: seed 0, 150, 50, 400
-    assert texts.main(["--tatoeba", "https://example.org/sentences.tar.bz2", "--udhr", str(SAMPLE_UDHR),
-                       "--out", str(out), "--provenance", str(tmp_path / "p" / "x.md")]) == 2
+    frag = tmp_path / "sub" / "parity" / "parity_select.md"
+    settings = ["--tatoeba-sha256", "", "--udhr-sha256", "", "--seed", "0", "--tatoeba-count", "150",
+                "--udhr-count", "50", "--max-chars", "400", "--languages", ""]
+    assert command("select", "--tatoeba", SAMPLE_TATOEBA.as_uri(), "--udhr", SAMPLE_UDHR.as_uri(), *settings,
+                   "--out", str(out), "--provenance", str(frag)) == 0
+    assert out.read_bytes() == first.read_bytes()  # file:// URLs read the same files as paths
+    assert command("select", "--tatoeba", "https://example.org/sentences.tar.bz2", "--udhr", str(SAMPLE_UDHR),
+                   *settings, "--out", str(out), "--provenance", str(tmp_path / "p" / "x.md")) == 2
 
 
 # --- the committed sample -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from encoder_study import acquire, export, manifest, trainable
+from encoder_study import export, manifest, reference, runtime, trainable
 from encoder_study.trainable import GraphError, modernbert
 
 TOLERANCE = {"bert-tiny": 2e-5, "xlmr-tiny": 2e-5, "modernbert-tiny": 2e-5, "minilm": 1e-4}
@@ -23,8 +23,8 @@ def exports(tiny_exports, minilm_export) -> dict:
 
 
 def hf_model(models_dir, name):
-    model_dir, _ = acquire.model_dir(models_dir / "sources" / name / acquire.SOURCE_JSON)
-    return export.load_pytorch(model_dir)
+    model_dir, _ = reference.source_dir(models_dir / "sources" / name / "source.json")
+    return reference.load_pytorch(model_dir)
 
 
 def batch(directory, config):
@@ -226,7 +226,7 @@ def _export_fresh(models_dir, tmp_path, name, opset):
     from transformers import AutoConfig, AutoModel
 
     torch.manual_seed(0)
-    source, _ = acquire.model_dir(models_dir / "sources" / name / acquire.SOURCE_JSON)
+    source, _ = reference.source_dir(models_dir / "sources" / name / "source.json")
     config = AutoConfig.from_pretrained(source)
     model = AutoModel.from_config(config, attn_implementation="eager").eval()
     with torch.no_grad():
@@ -239,12 +239,12 @@ def _export_fresh(models_dir, tmp_path, name, opset):
     mask[1, 17:], mask[2, 6:] = 0, 0
     path = tmp_path / "model.onnx"
     with torch.no_grad():
-        torch.onnx.export(export.HiddenStates(model).eval(), (ids, mask), path, dynamo=False,
-                          opset_version=opset, do_constant_folding=True, input_names=list(export.INPUTS),
-                          output_names=[export.OUTPUT], dynamic_axes=export.DYNAMIC_AXES)
-        reference = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        torch.onnx.export(reference.HiddenStates(model).eval(), (ids, mask), path, dynamo=False,
+                          opset_version=opset, do_constant_folding=True, input_names=list(runtime.INPUTS),
+                          output_names=[runtime.OUTPUT], dynamic_axes=runtime.DYNAMIC_AXES)
+        states = model(input_ids=ids, attention_mask=mask).last_hidden_state
     (tmp_path / manifest.CONFIG_FILE).write_text(config.to_json_string())
-    return path, ids, mask, reference
+    return path, ids, mask, states
 
 
 @pytest.mark.parametrize("name,opset", [("bert-tiny", 16), ("modernbert-tiny", 17)])

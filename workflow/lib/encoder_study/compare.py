@@ -1,4 +1,4 @@
-"""Hidden states compared token by token: the reference model and its texts, the per-token
+"""Hidden states compared token by token: an export and its PyTorch reference, the texts, the per-token
 differences, and the trainable modules against PyTorch and the graph runtime.
 
 The parity, student and write-back recipes all report these numbers, so how they are computed has
@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import manifest, reference
+from . import machine, manifest, reference
 from .errors import UserError
 from .runtime import OUTPUT, ort_session, pad_batch, usable_positions
+from .tokens import TextPieces
 
 COMPARISONS = ("trainable vs pytorch", "trainable vs graph runtime", "graph runtime vs pytorch")
 
@@ -42,19 +43,22 @@ def read_texts(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-@dataclass
-class Model:
-    """An exported model and the PyTorch model it came from, both checked against their hashes."""
+@dataclass(frozen=True)
+class Pair:
+    """An exported graph and the PyTorch model it was exported from, with the texts' piece ids for both.
+
+    `pieces` is how texts become rows (tokens.TextPieces); `torch_model` is the reference the graph
+    and the trainable modules are compared against (reference.load_pytorch, or the distilled student).
+    """
 
     name: str
     onnx_path: Path
-    tokenizer_path: Path
     torch_model: torch.nn.Module
-    max_pieces: int
-    pad_id: int
+    pieces: TextPieces
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike, source_json: str | os.PathLike) -> Model:
+    def load(cls, model_dir: str | os.PathLike, source_json: str | os.PathLike) -> Pair:
+        """The export in `model_dir` and its source's PyTorch model, both checked against their hashes."""
         model_dir = Path(model_dir)
         record = manifest.verified_model(model_dir)
         source_dir, source = reference.source_dir(source_json)
@@ -63,20 +67,9 @@ class Model:
                               "was exported from; re-export the model")
         model = reference.load_pytorch(source_dir)
         pad = model.config.pad_token_id
-        return cls(record["model"], model_dir / manifest.ONNX_FILE, model_dir / manifest.TOKENIZER_FILE,
-                   model, usable_positions(model.config.to_dict()), 0 if pad is None else int(pad))
-
-    def encode(self, texts: list[str]) -> tuple[list[list[int]], int]:
-        """Piece ids with the tokenizer's special tokens, cut to the model's positions; how many were cut."""
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_file(str(self.tokenizer_path))
-        tok.no_padding()
-        tok.no_truncation()
-        full = [e.ids for e in tok.encode_batch(texts)]
-        tok.enable_truncation(max_length=self.max_pieces)
-        cut = [e.ids for e in tok.encode_batch(texts)]
-        return cut, sum(len(a) != len(b) for a, b in zip(full, cut, strict=True))
+        pieces = TextPieces(model_dir / manifest.TOKENIZER_FILE, usable_positions(model.config.to_dict()),
+                            0 if pad is None else int(pad))
+        return cls(record["model"], model_dir / manifest.ONNX_FILE, model, pieces)
 
 
 def torch_states(model: torch.nn.Module, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -116,23 +109,23 @@ class Accumulator:
                 "min_cos": self.min_cos, "max_value": self.max_value}
 
 
-def trainable_parity(model: Model, texts: list[str], threads: int, batch: int = 8,
+def trainable_parity(pair: Pair, texts: list[str], threads: int, batch: int = 8,
                      comparisons: tuple[str, ...] = COMPARISONS) -> list[dict]:
     """The trainable modules against PyTorch and the graph runtime, one text per run, every token;
     and whether padded batches of `batch` give exactly (bitwise) the rows of the texts run alone.
     `comparisons`: which of COMPARISONS to report, in that order."""
     from . import trainable
 
-    torch.set_num_threads(threads)
-    encoder = trainable.load(model.onnx_path)
+    threads = machine.torch_threads(threads)
+    encoder = trainable.load(pair.onnx_path)
     family = encoder.settings_dict()["family"]
-    session = ort_session(model.onnx_path, threads)
-    rows, _ = model.encode(texts)
+    session = ort_session(pair.onnx_path, threads)
+    rows, _ = pair.pieces.encode(texts)
     pairs = {name: Accumulator() for name in COMPARISONS}
     singles = []
     for row in rows:
-        ids, mask = pad_batch([row], model.pad_id)
-        reference = torch_states(model.torch_model, ids, mask)[0]
+        ids, mask = pad_batch([row], pair.pieces.pad_id)
+        reference = torch_states(pair.torch_model, ids, mask)[0]
         graph = session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
         with torch.no_grad():
             mine = encoder(torch.from_numpy(ids), torch.from_numpy(mask))[0].numpy()
@@ -143,9 +136,9 @@ def trainable_parity(model: Model, texts: list[str], threads: int, batch: int = 
     equal = True
     for start in range(0, len(rows), batch):
         chunk = rows[start:start + batch]
-        ids, mask = pad_batch(chunk, model.pad_id)
+        ids, mask = pad_batch(chunk, pair.pieces.pad_id)
         with torch.no_grad():
             out = encoder(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         equal &= all(np.array_equal(out[i, : len(r)], singles[start + i]) for i, r in enumerate(chunk))
-    return [{"model": model.name, "family": family, "comparison": name, **pairs[name].row(),
+    return [{"model": pair.name, "family": family, "comparison": name, **pairs[name].row(),
              "batch_equal": equal} for name in comparisons]

@@ -15,23 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import files, manifest, provenance
+from . import files, machine, manifest, provenance, tables
 from .errors import UserError
 from .reference import HiddenStates, load_pytorch, source_dir
-from .runtime import INPUTS, OUTPUT, ort_session, pad_batch, usable_positions
-
-DYNAMIC_AXES = {
-    "input_ids": {0: "batch", 1: "sequence"},
-    "attention_mask": {0: "batch", 1: "sequence"},
-    "last_hidden_state": {0: "batch", 1: "sequence"},
-}
-# Text for the check batch: several scripts, so that unknown pieces and long words occur too.
-CHECK_TEXT = (
-    "The quick brown fox jumps over the lazy dog while the bank of the river floods. "
-    "Příliš žluťoučký kůň úpěl ďábelské ódy. Съешь же ещё этих мягких французских булок. "
-    "Ξεσκεπάζω την ψυχοφθόρα βδελυγμία. שלום עולם. مرحبا بالعالم. नमस्ते दुनिया. "
-    "สวัสดีชาวโลก 日本語のテキスト 한국어 문장. "
-)
+from .runtime import CHECK_TEXT, DYNAMIC_AXES, INPUTS, OUTPUT, ort_session, pad_batch, usable_positions
 
 
 class ExportError(UserError):
@@ -59,18 +46,19 @@ def check_batch(tokenizer_path: str | os.PathLike, config) -> tuple[np.ndarray, 
 
 @dataclass(frozen=True)
 class Settings:
-    opset: int = 17
-    tolerance: float = 1e-4  # on max_abs / max(1, largest |value|) over real (unpadded) tokens
-    threads: int = 1
-    ort_optimization: str = "all"
+    """The export's settings; the config's `export` section (and `threads`) holds their defaults."""
+
+    opset: int
+    tolerance: float  # on max_abs / max(1, largest |value|) over real (unpadded) tokens
+    threads: int
+    ort_optimization: str
 
 
 def export(source_json: str | os.PathLike, out_dir: str | os.PathLike, settings: Settings) -> dict:
     """Export, check, and publish model.onnx, tokenizer.json, model.config.json and export.json."""
     import onnx
 
-    threads = max(1, min(settings.threads, os.cpu_count() or 1))
-    torch.set_num_threads(threads)
+    threads = machine.torch_threads(settings.threads)
     model_dir, source = source_dir(source_json)
     model = load_pytorch(model_dir)
     wrapper = HiddenStates(model).eval()  # the exporter restores the wrapper's mode: it must be eval
@@ -131,35 +119,10 @@ def export(source_json: str | os.PathLike, out_dir: str | os.PathLike, settings:
     return record
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`encoder-study export`: export one model to ONNX with its manifest."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="encoder-study export", description=main.__doc__)
-    provenance.add_arguments(parser)
-    parser.add_argument("--source", required=True, help="results/sources/<model>/source.json")
-    parser.add_argument("--out-dir", required=True, help="results/models/<model>")
-    parser.add_argument("--opset", type=int, default=17)
-    parser.add_argument("--tolerance", type=float, default=1e-4)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--ort-optimization", choices=["disable", "basic", "extended", "all"], default="all")
-    args = parser.parse_args(argv)
-    settings = Settings(opset=args.opset, tolerance=args.tolerance, threads=args.threads,
-                        ort_optimization=args.ort_optimization)
-    out_dir = Path(args.out_dir)
-    try:
-        with provenance.Fragment(args.provenance, provenance.settings(args),
-                                 threads=args.threads) as frag:
-            frag.inputs.append(args.source)
-            record = export(args.source, out_dir, settings)
-            frag.outputs += [out_dir / e["path"] for e in record["files"]] + [out_dir / manifest.MANIFEST]
-            check = record["check"]
-            frag.table("Export check", provenance.markdown_table(
-                ["model", "lengths", "max_abs", "max_value", "relative", "tolerance"],
-                [(record["model"], " ".join(map(str, check["lengths"])), f"{check['max_abs']:.3g}",
-                  f"{check['max_value']:.4g}", f"{check['relative']:.3g}", check["tolerance"])], "llrrrr"))
-    except UserError as err:
-        print(f"encoder-study export: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+def check_table(record: dict) -> str:
+    """The export check of `record` (export.json) as a Markdown table, for the export's fragment."""
+    check = record["check"]
+    return tables.markdown_table(
+        ["model", "lengths", "max_abs", "max_value", "relative", "tolerance"],
+        [(record["model"], " ".join(map(str, check["lengths"])), f"{check['max_abs']:.3g}",
+          f"{check['max_value']:.4g}", f"{check['relative']:.3g}", check["tolerance"])], "llrrrr")

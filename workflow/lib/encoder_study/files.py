@@ -172,6 +172,26 @@ def publish(staged: Path, target_dir: str | os.PathLike, names: list[str]) -> No
         os.replace(staged / name, target_dir / name)
 
 
+def replace_dir(staged: Path, target: str | os.PathLike) -> None:
+    """Rename the finished directory `staged` onto `target`; a reader sees the old one or the new one.
+
+    For an output that is a whole directory (its file list not known in advance), where `publish`
+    moves named files. `staged` must be on the same filesystem (inside a `staging_dir` beside
+    `target`); it gets the permissions a new directory would have, not mkdtemp's 0700.
+    """
+    target = Path(target)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staged, 0o777 & ~umask)
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", suffix=".tmp", dir=target.parent))
+        os.replace(target, old)  # onto an empty directory: allowed
+    os.replace(staged, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 # --- downloads ------------------------------------------------------------------------------------
 
 def local_path(path_or_url: str) -> Path | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import manifest, runtime
+from . import machine, manifest, runtime
 from .errors import UserError
 from .runtime import INPUTS, OPTIMIZATIONS, OUTPUT, usable_positions
 from .tokens import Doc, DocPieces, PieceTokenizer, check_pooling, join_word_pieces
@@ -25,13 +25,6 @@ from .tokens import Doc, DocPieces, PieceTokenizer, check_pooling, join_word_pie
 
 class EncoderError(UserError):
     """The model directory cannot be used: the message names the file."""
-
-
-def ort_session(path: Path, threads: int, optimization: str):
-    try:
-        return runtime.ort_session(path, threads, optimization)
-    except Exception as err:  # ONNX Runtime's errors do not always say which file
-        raise EncoderError(f"{path}: ONNX Runtime cannot load the model: {err}") from err
 
 
 def open_export(model_dir: Path) -> tuple[dict, dict]:
@@ -58,7 +51,7 @@ class FrozenEncoder:
     """Word vectors from an exported model directory (model.onnx, tokenizer.json, model.config.json).
 
     `max_length` counts the special tokens and is capped at the model's positions. `threads` is
-    capped at os.cpu_count(). `windows_run` counts the windows actually sent to the model.
+    capped at the machine's cores. `windows_run` counts the windows actually sent to the model.
     `graph`, when given, is the ONNX file to run instead of the directory's model.onnx: a copy of it
     with other weights (`writeback`), read with the directory's tokenizer and config. The caller
     vouches for that file (a saved pipeline checks its SHA-256); the directory is verified as usual.
@@ -80,7 +73,7 @@ class FrozenEncoder:
         self.batch_size = batch_size
         self.optimization = optimization
         self.threads_requested = threads
-        self.threads = min(threads, os.cpu_count() or 1)
+        self.threads = machine.usable_threads(threads)
         self.max_length_requested = max_length
         positions = usable_positions(self.config)
         self.max_length = min(max_length, positions) if positions else max_length
@@ -92,7 +85,10 @@ class FrozenEncoder:
         self.width = int(self.config["hidden_size"])
 
         onnx_path = self.graph = self.model_dir / manifest.ONNX_FILE if graph is None else Path(graph)
-        self.session = ort_session(onnx_path, self.threads, optimization)
+        try:
+            self.session = runtime.ort_session(onnx_path, self.threads, optimization)
+        except Exception as err:  # ONNX Runtime's errors do not always say which file
+            raise EncoderError(f"{onnx_path}: ONNX Runtime cannot load the model: {err}") from err
         inputs = [i.name for i in self.session.get_inputs()]
         outputs = [o.name for o in self.session.get_outputs()]
         if sorted(inputs) != sorted(INPUTS) or OUTPUT not in outputs:

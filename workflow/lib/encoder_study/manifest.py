@@ -49,22 +49,3 @@ def verified_model(directory: str | os.PathLike) -> dict:
     for entry in record.get("files", []):
         files.check_file(directory / entry["path"], entry["sha256"], what="exported file")
     return record
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`encoder-study manifest DIR...`: check exported models against their export.json."""
-    import argparse
-    import sys
-
-    parser = argparse.ArgumentParser(prog="encoder-study manifest", description=main.__doc__)
-    parser.add_argument("model_dirs", nargs="+", help="results/models/<model>")
-    args = parser.parse_args(argv)
-    status = 0
-    for directory in args.model_dirs:
-        try:
-            record = verified_model(directory)
-            print(f"{directory}: {len(record['files'])} files match {MANIFEST}")
-        except (ManifestError, files.IntegrityError) as err:
-            print(f"{directory}: {err}", file=sys.stderr)
-            status = 1
-    return status

@@ -1,7 +1,8 @@
 """Provenance fragments: what a rule ran, on which code and machine, and the hashes of its files.
 
 Each rule writes `provenance/<recipe>/<rule>[-<wildcards>].md`; `join` puts a recipe's fragments
-into its PROVENANCE.md and `verify` re-hashes every file the fragments name.
+into its PROVENANCE.md and `verify` re-hashes every file the fragments name (the commands:
+`encoder-study provenance join|verify`).
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def fragments_under(root: str | os.PathLike) -> list[Path]:
     return sorted(p for p in Path(root).rglob("*.md") if p.name != JOINED_NAME)
 
 
-def verify(root: str | os.PathLike = "provenance", base: str | os.PathLike = ".") -> list[str]:
+def verify(root: str | os.PathLike, base: str | os.PathLike) -> list[str]:
     """Re-hash every file every fragment names; return one line per difference (empty: all match)."""
     problems: list[str] = []
     fragments = fragments_under(root)
@@ -205,8 +206,8 @@ def join(recipe: str, fragments: list[str | os.PathLike], target: str | os.PathL
     fragments = [Path(f) for f in fragments]
     parts = [
         f"# Provenance of the `{recipe}` recipe\n\n",
-        "Fragments in the order the workflow runs them; `encoder-study verify` re-hashes every file "
-        "they name.\n\n",
+        "Fragments in the order the workflow runs them; `encoder-study provenance verify` (or "
+        "`snakemake --cores 1 verify`) re-hashes every file they name.\n\n",
         "".join(f"- [{f.stem}](#{f.stem.lower()})\n" for f in fragments),
     ]
     for f in fragments:
@@ -224,32 +225,6 @@ def add_arguments(parser) -> None:
 
 
 def settings(args, skip: tuple[str, ...] = ()) -> dict:
-    """A command's arguments as the fragment's Settings table, without the provenance plumbing."""
-    return {k: v for k, v in sorted(vars(args).items()) if k not in ("provenance", *skip)}
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="encoder-study provenance", description="join or verify fragments")
-    sub = parser.add_subparsers(dest="action", required=True)
-    p = sub.add_parser("join", help="join a recipe's fragments into its PROVENANCE.md")
-    p.add_argument("--recipe", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("fragments", nargs="+")
-    p = sub.add_parser("verify", help="re-hash every file the fragments name; non-zero on any difference")
-    p.add_argument("--root", default="provenance")
-    p.add_argument("--base", default=".", help="directory the recorded paths are relative to")
-    args = parser.parse_args(argv)
-    if args.action == "join":
-        join(args.recipe, args.fragments, args.out)
-        return 0
-    problems = verify(args.root, args.base)
-    if problems:
-        print(f"verify: {len(problems)} difference(s):", file=sys.stderr)
-        for line in problems:
-            print(f"  {line}", file=sys.stderr)
-        return 1
-    print(f"verify: every file named by {len(fragments_under(args.root))} fragment(s) under {args.root} "
-          "matches its SHA-256")
-    return 0
+    """A command's arguments as the fragment's Settings table, without the provenance plumbing (and
+    without `run`, the function a subcommand names: cli.py's dispatch, not a setting)."""
+    return {k: v for k, v in sorted(vars(args).items()) if k not in ("provenance", "run", *skip)}

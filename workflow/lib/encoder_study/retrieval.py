@@ -24,15 +24,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from . import acquire, files, provenance, runtime, tables
+from . import files, machine, provenance, runtime, tables
 from .errors import UserError
 from .reference import HiddenStates, load_pytorch, source_dir
 from .runtime import INPUTS, ort_session, usable_positions
@@ -53,6 +51,15 @@ EXTERNAL_DATA_BYTES = 2**31 - 2**26
 OFFLINE_OPTIMIZATIONS = ("disable", "basic", "extended")
 CHECK_OPTIMIZATION = "all"  # ONNX Runtime's default: what a consumer of the file gets
 PARITY_COLUMNS = ["case", "output", "rows", "tokens", "max_abs", "max_value", "allclose", "tolerance"]
+# results/retrieval/parity.md. ".0f" prints a count and "g" the tolerance as str() does (for a
+# tolerance of up to 6 significant digits), aligned right.
+PARITY_MARKDOWN = (("case", "case", ""), ("output", "output", ""), ("rows", "rows", ".0f"),
+                   ("tokens", "tokens", ".0f"), ("max_abs", "max_abs", ".3g"),
+                   ("max_value", "max_value", ".4g"), ("allclose", "allclose", "yes"),
+                   ("tolerance", "tolerance", "g"))
+# The validation cases, as `retrieval export` lists them in its fragment.
+CASE_MARKDOWN = (("name", "case", ""), ("purpose", "what it checks", ""), ("rows", "rows", ".0f"),
+                 ("tokens", "tokens", ".0f"))
 DYNAMIC_AXES = {
     "input_ids": {0: "batch", 1: "sequence"},
     "attention_mask": {0: "batch", 1: "sequence"},
@@ -326,21 +333,23 @@ def compare(case: Case, got: dict[str, np.ndarray], want: dict[str, np.ndarray],
 
 
 def parity_markdown(rows: list[dict]) -> str:
-    return provenance.markdown_table(
-        PARITY_COLUMNS,
-        [(r["case"], r["output"], r["rows"], r["tokens"], f"{r['max_abs']:.3g}", f"{r['max_value']:.4g}",
-          "yes" if r["allclose"] else "NO", r["tolerance"]) for r in rows], "llrrrrlr")
+    return tables.markdown(rows, PARITY_MARKDOWN)
 
 
 # --- export ---------------------------------------------------------------------------------------
 
+EXTERNAL_DATA = ("auto", "always", "never")
+
+
 @dataclass(frozen=True)
 class Settings:
-    opset: int = MIN_OPSET
-    tolerance: float = 1e-4  # allclose(rtol=0, atol=tolerance) on every element of every output
-    threads: int = 1
-    ort_optimization: str = "basic"  # applied offline; the published graph is the optimised one
-    external_data: str = "auto"  # auto: only graphs too large for one protobuf; always; never
+    """The recipe's settings (config `retrieval`; the schema holds their defaults)."""
+
+    opset: int
+    tolerance: float  # allclose(rtol=0, atol=tolerance) on every element of every output
+    threads: int
+    ort_optimization: str  # applied offline (OFFLINE_OPTIMIZATIONS); the published graph is the optimised one
+    external_data: str  # auto: only graphs too large for one protobuf; always; never
 
 
 def _declare_outputs(path: Path, shapes: dict[str, list]) -> None:
@@ -409,20 +418,6 @@ def _write_graph(raw: Path, target: Path, level: str, external: bool, threads: i
     ort.InferenceSession(str(raw), options, providers=["CPUExecutionProvider"])
 
 
-def replace_dir(staged: Path, target: Path) -> None:
-    """Rename the finished directory `staged` onto `target`; a reader sees the old one or the new one."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staged, 0o777 & ~umask)
-    old = None
-    if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", suffix=".tmp", dir=target.parent))
-        os.replace(target, old)  # onto an empty directory: allowed
-    os.replace(staged, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | None,
                  out_dir: str | os.PathLike, settings: Settings) -> tuple[dict, list[dict]]:
     """Export, optimise and check the three-head graph; publish `out_dir`; return (manifest, parity rows).
@@ -440,8 +435,10 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
         raise RetrievalError(f"offline optimisation {settings.ort_optimization!r}: use one of "
                              f"{', '.join(OFFLINE_OPTIMIZATIONS)} (a graph saved after 'all' is tied to the "
                              "machine that made it)")
-    threads = max(1, min(settings.threads, os.cpu_count() or 1))
-    torch.set_num_threads(threads)
+    if settings.external_data not in EXTERNAL_DATA:
+        raise RetrievalError(f"external data {settings.external_data!r}: use one of "
+                             f"{', '.join(EXTERNAL_DATA)}")
+    threads = machine.torch_threads(settings.threads)
     model_dir, source = source_dir(source_json)
     encoder = load_pytorch(model_dir)
     config = encoder.config
@@ -529,13 +526,13 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
             "files": [files.file_record(publish / n, publish) for n in sorted(names)],
         }
         files.write_json(publish / MANIFEST, record)
-        replace_dir(publish, out_dir)
+        files.replace_dir(publish, out_dir)
     return record, rows
 
 
 # --- verification ---------------------------------------------------------------------------------
 
-def verify(directory: str | os.PathLike, manifest_name: str = MANIFEST) -> list[str]:
+def verify(directory: str | os.PathLike, manifest_name: str) -> list[str]:
     """One line per missing or changed file the manifest lists (empty: all match). Runs nothing."""
     directory = Path(directory)
     path = directory / manifest_name
@@ -558,111 +555,3 @@ def verify(directory: str | os.PathLike, manifest_name: str = MANIFEST) -> list[
             problems.append(f"{target} changed: expected {entry['bytes']} bytes, sha256 {entry['sha256']}; "
                             f"found {size} bytes, sha256 {actual}")
     return problems
-
-
-# --- commands -------------------------------------------------------------------------------------
-
-def _heads_command(args) -> int:
-    with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
-        frag.inputs.append(args.source)
-        model_dir, _ = source_dir(args.source)
-        width = int(json.loads((model_dir / "config.json").read_text(encoding="utf-8"))["hidden_size"])
-        frag.outputs += save_heads(random_heads(width, args.seed), args.out_dir)
-        frag.note(f"Random heads for a width of {width}: {COLBERT_FILE} weight [{width}, {width}], "
-                  f"{SPARSE_FILE} weight [1, {width}], drawn uniformly in ±1/sqrt({width}) from seed "
-                  f"{args.seed}, saved as FlagEmbedding saves its heads (torch.save of the state dict).")
-    return 0
-
-
-def _export_command(args) -> int:
-    settings = Settings(opset=args.opset, tolerance=args.tolerance, threads=args.threads,
-                        ort_optimization=args.ort_optimization, external_data=args.external_data)
-    out_dir = Path(args.out_dir)
-    with provenance.Fragment(args.provenance, provenance.settings(args), threads=args.threads) as frag:
-        frag.inputs.append(args.source)
-        record, rows = export_graph(args.source, args.heads_dir, out_dir, settings)
-        if args.heads_dir is not None:
-            frag.inputs += [Path(args.heads_dir) / COLBERT_FILE, Path(args.heads_dir) / SPARSE_FILE]
-        files.write_text(args.parity, tables.csv_text(rows, PARITY_COLUMNS))
-        files.write_text(args.markdown, parity_markdown(rows))
-        frag.outputs += [out_dir / e["path"] for e in record["files"]]
-        frag.outputs += [out_dir / MANIFEST, args.parity, args.markdown]
-        frag.table("Parity of the graph with the PyTorch reference", parity_markdown(rows))
-        frag.table("Cases", provenance.markdown_table(
-            ["case", "what it checks", "rows", "tokens"],
-            [(c["name"], c["purpose"], c["rows"], c["tokens"]) for c in record["check"]["cases"]], "llrr"))
-        semantics = record["heads_semantics"]
-        frag.note(COLBERT_NOTE)
-        frag.note("`sparse`: relu(sparse_linear(hidden)) times the attention mask, max-reduced onto each "
-                  f"token's vocabulary id by ScatterElements with reduction 'max' (standard from opset "
-                  f"{MIN_OPSET}); the ids FlagEmbedding ignores are zeroed: "
-                  + ", ".join(f"{role} {i}" for role, i in semantics["sparse_ignored_ids"].items()) + ".")
-        heads = [(k, v) for k, v in record["heads"].items() if isinstance(v, dict)]
-        frag.note(f"`dense`: {semantics['dense']}. Heads: "
-                  + ", ".join(f"{k} {v['path']} weight {v['shape']}" for k, v in heads))
-        frag.note(f"Graph saved after ONNX Runtime's offline optimisation '{settings.ort_optimization}'"
-                  + (" with external data" if record["optimization"]["external_data"] else "")
-                  + f"; checked in a session at ONNX Runtime's default level '{CHECK_OPTIMIZATION}', "
-                  f"every element of every output with allclose(rtol=0, atol={settings.tolerance}).")
-    return 0
-
-
-def _verify_command(args) -> int:
-    status = 0
-    lines = []
-    for directory in args.dirs:
-        problems = verify(directory, args.manifest)
-        if problems:
-            status = 1
-            for line in problems:
-                print(f"verify: {line}", file=sys.stderr)
-            lines.append((directory, f"{len(problems)} problem(s)"))
-        else:
-            count = len(json.loads((Path(directory) / args.manifest).read_text(encoding="utf-8"))["files"])
-            print(f"{directory}: {count} files match {args.manifest}")
-            lines.append((directory, f"{count} files match"))
-    if args.provenance and status == 0:
-        with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
-            for directory in args.dirs:
-                frag.inputs.append(Path(directory) / args.manifest)
-                frag.inputs += [Path(directory) / e["path"] for e in
-                                json.loads((Path(directory) / args.manifest).read_text())["files"]]
-            frag.table("Verification", provenance.markdown_table(["directory", "result"], lines))
-    return status
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`encoder-study retrieval heads|export|verify`: the three-head retrieval graph."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="encoder-study retrieval", description=main.__doc__)
-    sub = parser.add_subparsers(dest="action", required=True)
-    p = sub.add_parser("heads", help="write random colbert_linear.pt and sparse_linear.pt for a model")
-    provenance.add_arguments(p)
-    p.add_argument("--source", required=True, help="the model's source.json")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out-dir", required=True, help="results/retrieval/heads")
-    p = sub.add_parser("export", help="export, optimise and check the three-head graph")
-    provenance.add_arguments(p)
-    p.add_argument("--source", required=True, help="the model's source.json")
-    p.add_argument("--heads-dir", help="directory with colbert_linear.pt and sparse_linear.pt "
-                   "(default: the model's own directory, as in the BGE-M3 snapshot)")
-    p.add_argument("--out-dir", required=True, help="results/retrieval/model")
-    p.add_argument("--parity", required=True, help="results/retrieval/parity.csv")
-    p.add_argument("--markdown", required=True, help="results/retrieval/parity.md")
-    p.add_argument("--opset", type=int, default=MIN_OPSET)
-    p.add_argument("--tolerance", type=float, default=1e-4)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--ort-optimization", choices=OFFLINE_OPTIMIZATIONS, default="basic")
-    p.add_argument("--external-data", choices=["auto", "always", "never"], default="auto")
-    p = sub.add_parser("verify", help="check every file a manifest lists; non-zero naming each difference")
-    p.add_argument("dirs", nargs="+", help="results/retrieval/model")
-    p.add_argument("--manifest", default=MANIFEST, help="the manifest's name (export.json for plain exports)")
-    p.add_argument("--provenance", help="also write a fragment when every file matches")
-    args = parser.parse_args(argv)
-    commands = {"heads": _heads_command, "export": _export_command, "verify": _verify_command}
-    try:
-        return commands[args.action](args)
-    except (RetrievalError, acquire.SourceError, files.IntegrityError) as err:
-        print(f"encoder-study retrieval {args.action}: error: {err}", file=sys.stderr)
-        return 2

@@ -8,6 +8,19 @@ import numpy as np
 
 INPUTS = ("input_ids", "attention_mask")  # int64 [batch, sequence]
 OUTPUT = "last_hidden_state"  # float32 [batch, sequence, width]
+# The exporters' dynamic axes for INPUTS and OUTPUT: any batch, any length.
+DYNAMIC_AXES = {
+    "input_ids": {0: "batch", 1: "sequence"},
+    "attention_mask": {0: "batch", 1: "sequence"},
+    "last_hidden_state": {0: "batch", 1: "sequence"},
+}
+# Text for an export's check batch: several scripts, so that unknown pieces and long words occur too.
+CHECK_TEXT = (
+    "The quick brown fox jumps over the lazy dog while the bank of the river floods. "
+    "Příliš žluťoučký kůň úpěl ďábelské ódy. Съешь же ещё этих мягких французских булок. "
+    "Ξεσκεπάζω την ψυχοφθόρα βδελυγμία. שלום עולם. مرحبا بالعالم. नमस्ते दुनिया. "
+    "สวัสดีชาวโลก 日本語のテキスト 한국어 문장. "
+)
 OPTIMIZATIONS = ("disable", "basic", "extended", "all")
 
 

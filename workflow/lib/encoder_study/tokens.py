@@ -394,3 +394,29 @@ def _find(haystack: Sequence[int], needle: Sequence[int]) -> int:
         if list(haystack[i:i + n]) == list(needle):
             return i
     return -1
+
+
+@dataclass(frozen=True)
+class TextPieces:
+    """Whole texts as the comparisons feed them to a model: the tokenizer's special tokens around each
+    text, cut to the model's `max_pieces` positions; no windows and no words. Batches pad with `pad_id`.
+
+    The parity, student and write-back recipes compare hidden states of exactly these rows, so they
+    read texts the same way whether or not a PyTorch reference is at hand.
+    """
+
+    tokenizer_path: Path
+    max_pieces: int
+    pad_id: int
+
+    def encode(self, texts: list[str]) -> tuple[list[list[int]], int]:
+        """Piece ids with the tokenizer's special tokens, cut to the model's positions; how many were cut."""
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(self.tokenizer_path))
+        tok.no_padding()
+        tok.no_truncation()
+        full = [e.ids for e in tok.encode_batch(texts)]
+        tok.enable_truncation(max_length=self.max_pieces)
+        cut = [e.ids for e in tok.encode_batch(texts)]
+        return cut, sum(len(a) != len(b) for a, b in zip(full, cut, strict=True))

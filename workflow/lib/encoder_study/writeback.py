@@ -1,694 +1,68 @@
-"""Fine-tuned weights written back into a copy of the ONNX graph they were read from.
+"""The writeback stage: a fine-tuned run's weights written into a copy of its encoder's graph, and checked.
 
-`patch(src, dst, {name: array})` streams the source file's protobuf fields (onnx.proto3: ModelProto
-.graph = 7, GraphProto .node = 1 and .initializer = 5, TensorProto dims = 1, data_type = 2, name = 8,
-raw_data = 9) and writes a copy in which only the named float32 initializers' values differ. Every
-other field is copied as the byte range it was, so writing back unchanged values gives the source's
-bytes. `module_weights_to_graph(encoder, graph)` gives the replacements for a trainable encoder.
+A fine-tuned run's pipeline (results/tagging/<run>/pipeline.safetensors) keeps its weights inline: it is
+the training reference. This stage writes its graph pipeline and checks it against that reference:
 
-The reader trusts nothing: every length is checked against the bytes left in its parent before it is
-read, names are at most 4 KiB, a node larger than 64 KiB is copied without being parsed, and a message
-has at most 4 million fields. Anything it cannot write faithfully (external data, non-float32
-weights, a result over 2 GiB, a malformed file) raises `WritebackError` before the output exists; the
-output is written under a temporary name and renamed, so a failure leaves nothing behind.
+    weights = module_weights_to_graph(encoder, "results/models/bert-tiny")   # the graph's names, layout
+    saved = save_with_graph(tagger, "results/writeback/R/pipeline.safetensors")  # + pipeline.encoder0.onnx
+    write_pipeline(inline, out, threads)                    # the same from an inline pipeline file
+    parity_rows(...), agreement_row(...), speed_rows(...)   # the three tables' rows
+
+Tables (each with a Markdown rendering beside it, one row per run and comparison or thread count):
+
+| table | columns |
+|---|---|
+| parity.csv | run, encoder, comparison, tokens, max_abs, mean_abs, max_value, min_cos |
+| agreement.csv | run, encoder, split, tokens, sentences, differing_tokens, upos, ci_low, ci_high, ... |
+| speed.csv | run, encoder, threads, sentences, tokens, repeats, modules_tok_s, graph_tok_s, ratio |
+
+`parity` compares, one text per run and every token, ONNX Runtime on the written graph with the
+trainable modules the weights came from; the export's own graph against the same modules is the
+control row (it shows how far fine-tuning moved the states). `agreement` tags the test split through
+both pipelines: the written graph's UPOS with its sentence-bootstrap interval (`tagging.evaluate`)
+and how many tokens' tags differ. `speed` times tagging through both; it is indicative, and excluded
+from the byte-identity promise.
+
+The graph is written by `onnx.patch` (only the changed initializers' bytes differ) under the names
+`onnx.names` gives; the distilled student's layout is `trainable.postnorm`'s.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import os
-from dataclasses import dataclass, field
+import resource
+import statistics
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
-from . import files
-from .errors import UserError
-
-log = logging.getLogger(__name__)
-
-MAX_NAME = 4096  # bytes in a tensor, node or value name
-MAX_NODE = 64 * 1024  # larger nodes (Constant tables, subgraphs) are copied, never parsed
-MAX_FIELDS = 4_000_000  # per message
-MAX_OUTPUT = 2**31 - 1  # protobuf's limit on one message: ONNX cannot load a larger single file
-CHUNK = 1 << 20
-BLOCK = 64 * 1024  # the reader's cached block; larger reads bypass it
-
-FLOAT = 1  # TensorProto.DataType.FLOAT
-EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
-VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
-
-# TensorProto data fields other than raw_data (9) and float_data (4); a float32 tensor has none.
-OTHER_DATA = {5: "int32_data", 6: "string_data", 7: "int64_data", 10: "double_data", 11: "uint64_data"}
-FIX = ("write the graph again in one piece (onnx.save(onnx.load(path), path, save_as_external_data=False)) "
-       "or export it again with encoder_study.export")
-
-
-class WritebackError(UserError, ValueError):
-    """The graph cannot be patched as asked; the message names the file and what to do."""
-
-
-# -- reading --------------------------------------------------------------------------------------
-
-class _Source:
-    """Reads small pieces of a file at offsets through one cached block, so the file is never held."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.handle = open(path, "rb")
-        self.size = os.fstat(self.handle.fileno()).st_size
-        self.block, self.block_start = b"", 0
-
-    def read(self, offset: int, n: int) -> bytes:
-        """`n` bytes at `offset`; callers have checked that they lie inside the file."""
-        end = offset + n
-        if n > BLOCK:  # a tensor's data: read for the caller alone, so the block never holds it after
-            self.handle.seek(offset)
-            data = self.handle.read(n)
-            if len(data) < n:
-                raise self.malformed(f"the file ends at byte {self.size}, inside a field at {offset}")
-            return data
-        if not (self.block_start <= offset and end <= self.block_start + len(self.block)):
-            self.handle.seek(offset)
-            self.block, self.block_start = self.handle.read(BLOCK), offset
-            if len(self.block) < n:
-                raise self.malformed(f"the file ends at byte {self.size}, inside a field at {offset}")
-        return self.block[offset - self.block_start:end - self.block_start]
-
-    def copy(self, start: int, end: int, out) -> None:
-        """Copy bytes [start, end) to `out` in chunks."""
-        self.handle.seek(start)
-        while start < end:
-            chunk = self.handle.read(min(CHUNK, end - start))
-            if not chunk:
-                raise self.malformed(f"the file ended while copying bytes {start}..{end}")
-            out.write(chunk)
-            start += len(chunk)
-
-    def malformed(self, why: str) -> WritebackError:
-        return WritebackError(f"{self.path}: not a well-formed ONNX file ({why}); it may be truncated or "
-                              "damaged: copy or export it again")
-
-    def close(self) -> None:
-        self.handle.close()
-
-
-def _varint(data: bytes, pos: int, source: _Source, where: int) -> tuple[int, int]:
-    """(value, next position) of the varint at data[pos:]; at most 10 bytes, all inside `data`."""
-    value = shift = 0
-    for i in range(pos, min(pos + 10, len(data))):
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i + 1
-        shift += 7
-    raise source.malformed(f"a varint at byte {where + pos} runs past its message or past 10 bytes")
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-@dataclass
-class _Field:
-    number: int
-    wire: int
-    start: int  # of the key
-    value_start: int  # of the payload (after the length for LENGTH)
-    end: int
-    value: int = 0  # VARINT fields
-
-
-def _fields(source: _Source, start: int, end: int, data: bytes | None = None):
-    """Yield the fields of the message in bytes [start, end) of the file (or of `data`, which holds them)."""
-    pos, count = start, 0
-    while pos < end:
-        count += 1
-        if count > MAX_FIELDS:
-            raise source.malformed(f"more than {MAX_FIELDS} fields in the message at byte {start}")
-        if data is not None:
-            head = data[pos - start:pos - start + 20]
-        else:
-            head = source.read(pos, min(20, end - pos))
-        key, i = _varint(head, 0, source, pos)
-        number, wire = key >> 3, key & 7
-        if number == 0:
-            raise source.malformed(f"field number 0 at byte {pos}")
-        if wire == VARINT:
-            value, j = _varint(head, i, source, pos)
-            yield _Field(number, wire, pos, pos + i, pos + j, value)
-            pos += j
-            continue
-        if wire == LENGTH:
-            length, j = _varint(head, i, source, pos)
-            size, payload = j + length, pos + j
-        elif wire in (FIXED64, FIXED32):
-            size, payload = i + (8 if wire == FIXED64 else 4), pos + i
-        else:  # groups (3, 4) are not used by ONNX; 6 and 7 do not exist
-            raise source.malformed(f"wire type {wire} at byte {pos}")
-        if size > end - pos:
-            raise source.malformed(f"field {number} at byte {pos} needs {size} bytes, "
-                                   f"{end - pos} are left in its message")
-        yield _Field(number, wire, pos, payload, pos + size)
-        pos += size
-
-
-def _expect(source: _Source, f: _Field, wire: int, what: str) -> None:
-    if f.wire != wire:
-        raise source.malformed(f"{what} at byte {f.start} has wire type {f.wire}, expected {wire}")
-
-
-def _text(source: _Source, f: _Field, what: str, data: bytes | None = None, base: int = 0) -> str:
-    _expect(source, f, LENGTH, what)
-    if f.end - f.value_start > MAX_NAME:
-        raise source.malformed(f"a {what} at byte {f.start} is {f.end - f.value_start} bytes, "
-                               f"more than {MAX_NAME}")
-    raw = data[f.value_start - base:f.end - base] if data is not None else source.read(f.value_start,
-                                                                                       f.end - f.value_start)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise source.malformed(f"a {what} at byte {f.start} is not UTF-8") from err
-
-
-@dataclass
-class _Tensor:
-    """An initializer as indexed: where its field lies and what the patcher needs to know of it."""
-
-    span: _Field
-    name: str = ""
-    data_type: int = 0
-    dims: list[int] = field(default_factory=list)
-    external: bool = False
-    parts: list[_Field] = field(default_factory=list)  # the tensor's own fields, in order
-
-    @property
-    def count(self) -> int:
-        return math.prod(self.dims)  # Python ints: hostile dims cannot overflow
-
-
-def _tensor(source: _Source, outer: _Field) -> _Tensor:
-    t = _Tensor(outer)
-    for f in _fields(source, outer.value_start, outer.end):
-        t.parts.append(f)
-        if f.number == 1:  # dims: unpacked varints or one packed run
-            if f.wire == VARINT:
-                t.dims.append(f.value)
-            else:
-                _expect(source, f, LENGTH, "tensor dims")
-                if f.end - f.value_start > MAX_NAME:
-                    raise source.malformed(f"tensor dims at byte {f.start} exceed {MAX_NAME} bytes")
-                run = source.read(f.value_start, f.end - f.value_start)
-                pos = 0
-                while pos < len(run):
-                    value, pos = _varint(run, pos, source, f.value_start)
-                    t.dims.append(value)
-        elif f.number == 2:
-            _expect(source, f, VARINT, "tensor data_type")
-            t.data_type = f.value
-        elif f.number == 8:
-            t.name = _text(source, f, "tensor name")
-        elif f.number == 13:  # external_data entries
-            t.external = True
-        elif f.number == 14:
-            _expect(source, f, VARINT, "tensor data_location")
-            t.external = t.external or f.value == EXTERNAL
-    if any(d >= 2**63 for d in t.dims):
-        raise source.malformed(f"tensor {t.name!r} has a negative dimension")
-    return t
-
-
-@dataclass
-class _Node:
-    span: _Field
-    op_type: str = ""
-    name: str = ""
-    inputs: list[str] = field(default_factory=list)
-    outputs: list[str] = field(default_factory=list)
-
-
-def _node(source: _Source, outer: _Field) -> _Node:
-    data = source.read(outer.value_start, outer.end - outer.value_start)
-    node = _Node(outer)
-    for f in _fields(source, outer.value_start, outer.end, data):
-        if f.number == 1:
-            node.inputs.append(_text(source, f, "node input", data, outer.value_start))
-        elif f.number == 2:
-            node.outputs.append(_text(source, f, "node output", data, outer.value_start))
-        elif f.number == 3:
-            node.name = _text(source, f, "node name", data, outer.value_start)
-        elif f.number == 4:
-            node.op_type = _text(source, f, "node op_type", data, outer.value_start)
-    return node
-
-
-@dataclass
-class _Index:
-    model_fields: list[_Field]
-    graph: _Field
-    graph_fields: list[_Field]
-    tensors: dict[str, _Tensor]  # by name
-    identity: dict[str, _Node]  # output name -> Identity node
-    matmul: list[_Node] = field(default_factory=list)  # MatMul nodes, which name the linear weights
-    scoped: bool = False  # some node name carries a module scope (/model/...), as TorchScript writes
-
-
-def _index(source: _Source) -> _Index:
-    model_fields = list(_fields(source, 0, source.size))
-    graphs = [f for f in model_fields if f.number == 7]
-    if len(graphs) != 1:
-        raise source.malformed(f"{len(graphs)} graph fields (ModelProto.graph), expected one")
-    _expect(source, graphs[0], LENGTH, "the graph")
-    if not any(f.number == 8 for f in model_fields):
-        raise source.malformed("no opset_import; the file probably ends early")
-    graph = graphs[0]
-    graph_fields = list(_fields(source, graph.value_start, graph.end))
-    tensors, identity, matmul, scoped = {}, {}, [], False
-    for f in graph_fields:
-        if f.number == 5:
-            _expect(source, f, LENGTH, "an initializer")
-            t = _tensor(source, f)
-            if t.name in tensors:
-                raise source.malformed(f"two initializers are named {t.name!r}")
-            tensors[t.name] = t
-        elif f.number == 1:
-            _expect(source, f, LENGTH, "a node")
-            if f.end - f.value_start <= MAX_NODE:
-                node = _node(source, f)
-                if node.op_type == "Identity" and len(node.inputs) == 1 and len(node.outputs) == 1:
-                    identity[node.outputs[0]] = node
-                elif node.op_type == "MatMul":
-                    matmul.append(node)
-                scoped = scoped or node.name.startswith("/")
-    return _Index(model_fields, graph, graph_fields, tensors, identity, matmul, scoped)
-
-
-def _data_spans(source: _Source, t: _Tensor) -> list[tuple[int, int]]:
-    """The byte ranges that hold `t`'s float32 values, in order, checked against its dims."""
-    spans = []
-    for f in t.parts:  # raw_data is bytes; float_data is packed (bytes) or one fixed32 per entry
-        if f.number not in (4, 9):
-            continue
-        if f.wire not in ((LENGTH,) if f.number == 9 else (LENGTH, FIXED32)):
-            raise source.malformed(f"tensor {t.name!r}: data field {f.number} at byte {f.start} has wire "
-                                   f"type {f.wire}")
-        spans.append((f.value_start, f.end if f.wire == LENGTH else f.value_start + 4))
-    stored = sum(end - start for start, end in spans)
-    if stored != 4 * t.count:
-        raise source.malformed(f"tensor {t.name!r} has {stored} bytes of data for dims {t.dims}")
-    return spans
-
-
-def _old_value(source: _Source, t: _Tensor) -> np.ndarray:
-    """The stored float32 values of `t` (raw_data or float_data), checked against its dims."""
-    raw = b"".join(source.read(start, end - start) for start, end in _data_spans(source, t))
-    try:
-        return np.frombuffer(raw, dtype="<f4").reshape(t.dims)
-    except ValueError as err:  # an empty tensor with a dimension numpy cannot hold ([2**62, 0])
-        raise source.malformed(f"tensor {t.name!r} has dims {t.dims} ({err})") from err
-
-
-def _stored_equals(source: _Source, t: _Tensor, value: np.ndarray) -> bool:
-    """Whether `value` ("<f4", contiguous) is bitwise what `t` stores; read a chunk at a time, so that
-    comparing a replacement costs no second copy of it."""
-    spans = _data_spans(source, t)
-    if list(value.shape) != t.dims:
-        return False
-    mine, at = value.reshape(-1).view(np.uint8), 0
-    for start, end in spans:
-        for pos in range(start, end, CHUNK):
-            n = min(CHUNK, end - pos)
-            if source.read(pos, n) != mine[at:at + n].tobytes():  # bytes compare with memcmp
-                return False
-            at += n
-    return True
-
-
-# -- writing --------------------------------------------------------------------------------------
-
-@dataclass
-class PatchReport:
-    """What `patch` did, by name."""
-
-    rewritten: list[str] = field(default_factory=list)  # stored initializers with new values
-    unchanged: list[str] = field(default_factory=list)  # replacements equal to what the name already read
-    materialized: list[str] = field(default_factory=list)  # Identity names that became initializers
-    from_float_data: list[str] = field(default_factory=list)  # rewritten as raw_data (were float_data)
-    bytes_written: int = 0
-
-
-def _key(number: int, wire: int) -> bytes:
-    return _encode_varint(number << 3 | wire)
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bitwise equality (NaNs and signed zeros included), the equality a byte-identical copy needs."""
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
-
-
-def patch(src_onnx: str | os.PathLike, dst_onnx: str | os.PathLike,
-          replacements: dict[str, np.ndarray]) -> PatchReport:
-    """Write `dst_onnx`, a copy of `src_onnx` in which the named float32 tensors hold the given values.
-
-    A name is an initializer's, or the output of an `Identity` node that reads one (the exporter's
-    way of storing equal tensors once): such a name becomes its own initializer and its node is
-    dropped. A replacement equal to what its name already reads changes nothing. Refused: a change
-    to a tensor that another name, not replaced, also reads through `Identity`; unknown names; shapes
-    or dtypes other than the graph's; external data; a malformed file; a result over 2 GiB.
-    """
-    src, dst = Path(src_onnx), Path(dst_onnx)
-    source = _Source(src)
-    try:
-        plan = _plan(source, replacements)
-        with files.atomic_path(dst) as tmp:
-            with open(tmp, "wb") as out:
-                _write(source, plan, out)
-            written = tmp.stat().st_size
-            if written != plan.size:
-                raise WritebackError(f"{dst}: wrote {written} bytes, planned {plan.size}; this is a bug")
-    finally:
-        source.close()
-    plan.report.bytes_written = plan.size
-    for name in plan.report.from_float_data:
-        log.info("%s: %s was stored as float_data; written as raw_data", dst, name)
-    return plan.report
-
-
-@dataclass
-class _Plan:
-    index: _Index
-    rewrite: dict[str, np.ndarray]  # stored name -> new value
-    new: dict[str, np.ndarray]  # Identity output name -> value of its new initializer
-    drop: set[int]  # start offsets of the Identity nodes to drop
-    report: PatchReport
-    size: int = 0
-    graph_body: int = 0
-    tensor_bodies: dict[int, list] = field(default_factory=dict)  # initializer start -> pieces
-    new_fields: bytes = b""
-
-
-def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
-    path = source.path
-    index = _index(source)
-    external = [t.name for t in index.tensors.values() if t.external]
-    if external:
-        raise WritebackError(f"{path}: {len(external)} initializers (e.g. {external[0]!r}) live in external "
-                             f"data files, which a copy of the graph file would not carry; {FIX}")
-    values: dict[str, np.ndarray] = {}
-    for name, array in replacements.items():
-        array = np.asarray(array)
-        if array.dtype != np.float32:
-            raise WritebackError(f"{path}: the value for {name!r} is {array.dtype}; give float32 arrays "
-                                 "(the graph's weights are float32)")
-        values[name] = np.ascontiguousarray(array, dtype="<f4")
-
-    roots: dict[str, str | None] = {}  # name -> its stored initializer (None: none); each chain walked once
-
-    def root(name: str) -> str:
-        """The stored initializer `name` reads, following Identity nodes."""
-        chain, seen, at = [], set(), name
-        while at not in index.tensors and at not in roots:
-            if at not in index.identity or at in seen:
-                break
-            chain.append(at)
-            seen.add(at)
-            at = index.identity[at].inputs[0]
-        found = at if at in index.tensors else roots.get(at)
-        for link in chain:
-            roots[link] = found
-        if found is None:
-            raise WritebackError(
-                f"{path}: {name!r} is neither an initializer nor an Identity of one in this graph; give "
-                "the graph's own names (module_weights_to_graph(encoder, graph) gives them)")
-        return found
-
-    compared: dict[tuple[str, int], bool] = {}  # (stored name, id of a value in `values`) -> equal
-
-    def stored_is(name: str, array: np.ndarray) -> bool:
-        """Whether `array` equals what `name` stores now. Streamed from the file, never held, so the
-        plan costs no second copy of the replaced tensors; memoised, since many Identity names can
-        read one large tensor."""
-        key = (root(name), id(array))
-        if key not in compared:
-            compared[key] = _stored_equals(source, index.tensors[key[0]], array)
-        return compared[key]
-
-    finals: dict[str, np.ndarray | None] = {}
-
-    def final(name: str) -> np.ndarray | None:
-        """What `name` reads after the patch; None when that is its unchanged stored value."""
-        # A loop, not recursion, and memoised: a hostile file can chain many Identity nodes.
-        chain, at = [], name
-        while at not in values and at not in index.tensors and at not in finals:
-            chain.append(at)
-            at = index.identity[at].inputs[0]
-        found = values[at] if at in values else finals.get(at)
-        for link in chain:
-            finals[link] = found
-        return found
-
-    for name, array in values.items():
-        if name in index.tensors and name in index.identity:
-            raise source.malformed(f"{name!r} is both an initializer and an Identity output")
-        t = index.tensors[root(name)]
-        if t.data_type != FLOAT:
-            raise WritebackError(f"{path}: {name!r} is stored as data type {t.data_type}, not float32 (1); "
-                                 "only float32 weights are written back: export the model in float32")
-        if list(array.shape) != t.dims:
-            raise WritebackError(f"{path}: the value for {name!r} has shape {list(array.shape)}, the graph's "
-                                 f"is {t.dims} (linear weights go in as [in, out]; module_weights_to_graph "
-                                 "gives the graph's layout)")
-
-    report = PatchReport()
-    rewrite, new, drop = {}, {}, set()
-    for name, array in values.items():
-        if name in index.tensors:
-            if stored_is(name, array):
-                report.unchanged.append(name)
-            else:
-                rewrite[name] = array
-                report.rewritten.append(name)
-        else:
-            reads = final(index.identity[name].inputs[0])
-            if stored_is(name, array) if reads is None else _same(array, reads):
-                report.unchanged.append(name)
-            else:
-                new[name] = array
-                drop.add(index.identity[name].span.start)
-                report.materialized.append(name)
-    # A name not replaced that reads a changed tensor through Identity would silently change too.
-    for name, node in index.identity.items():
-        if name in values or name in index.tensors:
-            continue
-        try:
-            stored = root(name)
-        except WritebackError:
-            continue  # an Identity of a computed value; no weight of ours
-        reads = final(node.inputs[0])
-        if reads is not None and not stored_is(stored, reads):
-            via = next(n for n in [node.inputs[0], stored] if n in values)
-            raise WritebackError(
-                f"{path}: {via!r} changes, but {name!r} reads the same stored tensor {stored!r} through an "
-                f"Identity node and is not replaced; give {name!r} a value too (the old one to keep it)")
-    plan = _Plan(index, rewrite, new, drop, report)
-    _layout(source, plan)
-    if plan.size > MAX_OUTPUT:
-        raise WritebackError(f"{path}: the result would be {plan.size} bytes, over protobuf's 2 GiB limit "
-                             "for one ONNX file; keep these weights in the pipeline file instead")
-    return plan
-
-
-def _tensor_pieces(source: _Source, t: _Tensor, value: np.ndarray, report: PatchReport) -> list:
-    """The tensor's fields with its data replaced by one raw_data field where the first data field was."""
-    pieces, placed = [], False
-    for f in t.parts:
-        if f.number in OTHER_DATA or f.number == 3:
-            kind = OTHER_DATA.get(f.number, "segment")
-            raise source.malformed(f"float32 tensor {t.name!r} has a {kind} field")
-        if f.number in (4, 9):
-            if f.number == 4 and t.name not in report.from_float_data:
-                report.from_float_data.append(t.name)
-            if not placed:
-                pieces.append(_key(9, LENGTH) + _encode_varint(value.nbytes))
-                pieces.append(value)
-                placed = True
-            continue
-        pieces.append((f.start, f.end))
-    if not placed:
-        raise source.malformed(f"tensor {t.name!r} has no data")
-    return pieces
-
-
-def _size(pieces) -> int:
-    return sum(p[1] - p[0] if isinstance(p, tuple) else p.nbytes if isinstance(p, np.ndarray) else len(p)
-               for p in pieces)
-
-
-def _layout(source: _Source, plan: _Plan) -> None:
-    """Work out every replaced piece and the result's size before anything is written."""
-    from onnx import numpy_helper
-
-    index = plan.index
-    for name, value in plan.rewrite.items():
-        t = index.tensors[name]
-        body = _tensor_pieces(source, t, value, plan.report)
-        plan.tensor_bodies[t.span.start] = [_key(5, LENGTH) + _encode_varint(_size(body))] + body
-    parts = []
-    for name, value in plan.new.items():
-        encoded = numpy_helper.from_array(value, name).SerializeToString()
-        parts.append(_key(5, LENGTH) + _encode_varint(len(encoded)) + encoded)
-    plan.new_fields = b"".join(parts)
-    graph_size = len(plan.new_fields)
-    for f in index.graph_fields:
-        if f.start in plan.drop:
-            continue
-        body = plan.tensor_bodies.get(f.start)
-        graph_size += _size(body) if body is not None else f.end - f.start
-    plan.graph_body = graph_size
-    size = 0
-    for f in index.model_fields:
-        if f is index.graph:
-            size += len(_key(7, LENGTH) + _encode_varint(graph_size)) + graph_size
-        else:
-            size += f.end - f.start
-    plan.size = size
-
-
-def _write_pieces(source: _Source, pieces, out) -> None:
-    for p in pieces:
-        if isinstance(p, tuple):
-            source.copy(p[0], p[1], out)
-        else:
-            out.write(memoryview(p).cast("B") if isinstance(p, np.ndarray) else p)
-
-
-def _write(source: _Source, plan: _Plan, out) -> None:
-    index = plan.index
-    last_initializer = max((f.start for f in index.graph_fields if f.number == 5), default=None)
-    for f in index.model_fields:
-        if f is not index.graph:
-            source.copy(f.start, f.end, out)
-            continue
-        out.write(_key(7, LENGTH) + _encode_varint(plan.graph_body))
-        for g in index.graph_fields:
-            if g.start in plan.drop:
-                continue
-            body = plan.tensor_bodies.get(g.start)
-            _write_pieces(source, body if body is not None else [(g.start, g.end)], out)
-            if g.start == last_initializer:
-                out.write(plan.new_fields)  # new initializers go after the others
-        if last_initializer is None:
-            out.write(plan.new_fields)
-
-
-# -- from the trainable modules -------------------------------------------------------------------
-
-@dataclass
-class _Names:
-    """The module names a TorchScript export reads its weights by, told from the streaming index alone
-    (the rules of trainable.graph.Graph.weights, without holding a value)."""
-
-    named: dict[str, str]  # module name (an initializer, or an Identity of one) -> stored initializer
-    linear: dict[str, list[str]]  # `scope.weight` -> the MatMul inputs that read it ([in, out], anonymous)
-    prefix: str  # the wrapper's (`model.`), before every Hugging Face name
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.named or name in self.linear
-
-
-def _resolve(index: _Index, name: str) -> str:
-    """Follow Identity nodes back to the stored initializer, as Graph.resolve does."""
-    seen = set()
-    while name not in index.tensors and name in index.identity and name not in seen:
-        seen.add(name)
-        name = index.identity[name].inputs[0]
-    return name
-
-
-def _float32_tensor(source: _Source, index: _Index, name: str, stored: str) -> _Tensor:
-    from onnx import TensorProto
-
-    from .trainable.graph import GraphError
-
-    t = index.tensors[stored]
-    if t.data_type != FLOAT:
-        try:
-            kind = TensorProto.DataType.Name(t.data_type).lower()
-        except ValueError:
-            kind = f"data type {t.data_type}"
-        raise GraphError(f"{source.path}: {name} is stored as {kind}; the trainable modules read float32 "
-                         "graphs: export the model in float32")
-    return t
-
-
-def _weight_names(source: _Source, index: _Index) -> _Names:
-    from onnx import TensorProto
-
-    from .trainable import _TABLE
-    from .trainable.graph import ANONYMOUS, REEXPORT, GraphError, module_scope
-
-    path = source.path
-    producer = next((_text(source, f, "producer name") for f in index.model_fields if f.number == 2), "")
-    if producer != "pytorch":
-        raise GraphError(f"{path}: written by {producer or 'an unnamed producer'!r}, not by PyTorch's "
-                         "TorchScript exporter; weight names are recovered from that exporter's node scopes, "
-                         f"which other tools do not keep. {REEXPORT}")
-    if not index.scoped:
-        raise GraphError(f"{path}: not a TorchScript export: no node name carries a module scope such as "
-                         f"/model/encoder/layer.0/... {REEXPORT}")
-    integer = {TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL}  # buffers, not parameters
-    named = {name: name for name, t in index.tensors.items()
-             if not name.startswith(ANONYMOUS) and t.data_type not in integer}
-    stored_named = set(named)
-    for output in index.identity:
-        if not output.startswith(ANONYMOUS):
-            stored = _resolve(index, output)
-            if stored in stored_named:
-                named[output] = stored
-    for name, stored in named.items():
-        _float32_tensor(source, index, name, stored)
-
-    linear: dict[str, list[str]] = {}
-    roots: dict[str, set[str]] = {}
-    for node in index.matmul:
-        if len(node.inputs) != 2:
-            continue
-        stored = _resolve(index, node.inputs[1])
-        if stored not in index.tensors or not stored.startswith(ANONYMOUS):
-            continue
-        scope = module_scope(node.name)
-        if scope is None:
-            raise GraphError(
-                f"{path}: the weight {stored!r} is consumed by node {node.name!r}, whose name carries no "
-                "module scope, so the weight's module cannot be named (the TorchScript exporter names it "
-                f"like /model/encoder/layer.0/attention/self/query/MatMul). {REEXPORT}")
-        name = scope + ".weight"
-        _float32_tensor(source, index, name, stored)
-        linear.setdefault(name, []).append(node.inputs[1])
-        roots.setdefault(name, set()).add(stored)
-    for name, stored in roots.items():
-        # Two MatMuls of one module reading different tensors: Graph.weights refuses such a graph. Values
-        # are read only here, in a layout the exporter does not write.
-        if len(stored) > 1 or name in named:
-            values = [_old_value(source, index.tensors[s]).T for s in sorted(stored)]
-            if name in named:
-                values.append(_old_value(source, index.tensors[named[name]]))
-            if any(not np.array_equal(v, values[0]) for v in values[1:]):
-                raise GraphError(f"{path}: two different weights claim the module name {name!r}; the graph "
-                                 "does not follow the exporter's one-MatMul-per-Linear pattern")
-
-    prefixes = {m.group(1) for name in [*named, *linear] if (m := _TABLE.match(name))}
-    if len(prefixes) != 1:
-        raise GraphError(f"{path}: expected one token embedding table (…embeddings.word_embeddings or "
-                         f"…embeddings.tok_embeddings), found {len(prefixes)}")
-    return _Names(named, linear, prefixes.pop())
-
+from . import files, manifest, tables
+from .data import conllu
+from .onnx import names, patch
+from .onnx.patch import WritebackError
+from .tagging import pipeline
+
+PARITY_COLUMNS = ["run", "encoder", "comparison", "tokens", "max_abs", "mean_abs", "max_value", "min_cos"]
+COMPARISONS = ("written graph vs modules", "export graph vs modules")
+AGREEMENT_COLUMNS = ["run", "encoder", "split", "tokens", "sentences", "differing_tokens", "upos", "ci_low",
+                     "ci_high", "upos_inline", "resamples", "seed"]
+SPEED_COLUMNS = ["run", "encoder", "threads", "sentences", "tokens", "repeats", "modules_tok_s",
+                 "graph_tok_s", "ratio"]
+# The Markdown renderings' columns (tables.markdown): (key, title, format).
+PARITY_MARKDOWN = (("run", "run", ""), ("encoder", "encoder", ""), ("comparison", "comparison", ""),
+                   *tables.PARITY_COLUMNS)
+SPEED_MARKDOWN = (("run", "run", ""), ("encoder", "encoder", ""), ("threads", "threads", "n"),
+                  ("tokens", "tokens", "n"), ("modules_tok_s", "modules (tok/s)", ",.0f"),
+                  ("graph_tok_s", "written graph (tok/s)", ",.0f"), ("ratio", "ratio", ".1f"))
+
+__all__ = ["AGREEMENT_COLUMNS", "COMPARISONS", "PARITY_COLUMNS", "SPEED_COLUMNS", "WritebackError",
+           "agreement_markdown", "agreement_row", "module_weights_to_graph", "parity_markdown",
+           "parity_rows", "save_with_graph", "speed_markdown", "speed_rows", "write_pipeline"]
+
+
+# -- the weights under the graph's names ----------------------------------------------------------------
 
 def _param(tensor, transpose: bool = False) -> np.ndarray:
     """A float32 copy of a parameter, [in, out] when `transpose`; one copy, never two."""
@@ -706,13 +80,15 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     a changed table is written with the row folded in and the token-type table zeroed (the same sums);
     an unchanged one is left out, so the graph keeps its own two tables.
 
-    A distilled student's graph (`embeddings.projection.weight`; see encoder_study.distill.export) holds
-    every weight as a named initializer, linear weights [in, out]: each goes back under its own name,
-    transposed, the projection and the positions included (unchanged values leave the bytes as they were).
+    A distilled student's graph (`trainable.postnorm.is_student`; see encoder_study.distill.export)
+    holds every weight as a named initializer, linear weights [in, out]: each goes back under its own
+    name, transposed, the projection and the positions included (unchanged values leave the bytes as
+    they were).
 
-    The graph is never loaded whole: names come from the patcher's streaming index, and the only values
-    read are the BERT family's position and token-type tables, so memory stays near the size of the
-    copies returned (the graphs of the study are over 1 GB).
+    The graph is never loaded whole: names come from the patcher's streaming index
+    (`onnx.patch.StreamedGraph`), and the only values read are the BERT family's position and
+    token-type tables, so memory stays near the size of the copies returned (the graphs of the study
+    are over 1 GB).
     """
     from .trainable import FAMILIES
     from .trainable import postnorm as pn
@@ -721,23 +97,14 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     path = graph.path if isinstance(graph, Graph) else Path(graph)
     if path.is_dir():
         path = path / "model.onnx"
-    source = _Source(path)
-    try:
-        index = _index(source)
-        external = [t.name for t in index.tensors.values() if t.external]
-        if external:
-            raise WritebackError(f"{path}: {len(external)} initializers (e.g. {external[0]!r}) live in "
-                                 "external data files, which a copy of the graph file would not carry; "
-                                 f"{FIX}")
-        graph_names = _weight_names(source, index)
-        prefix = graph_names.prefix
+    with patch.StreamedGraph(path) as streamed:
+        graph_names = names.weight_names(streamed.layout, streamed.value)
+        prefix = names.table_prefix(path, [*graph_names.named, *graph_names.linear])
         family = encoder.settings.family
-        student = family == "postnorm" and prefix + pn.PROJECTION in graph_names
+        student = family == "postnorm" and pn.is_student(graph_names, prefix)
         folded = None
         if family == "postnorm" and not student:
-            folded = _folded_positions(source, index, graph_names)
-    finally:
-        source.close()
+            folded = _folded_positions(streamed, graph_names, prefix)
 
     module = FAMILIES[family][0]
     if include_tokens is None:
@@ -745,21 +112,21 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     params = dict(encoder.named_parameters())
     if student:
         # The student layout: names fixed by the export, layout known by name, no anonymous weights.
-        names = pn.student_names(encoder.settings.layers)
-        extra = sorted(set(params) ^ set(names))
+        student_names = pn.student_names(encoder.settings.layers)
+        extra = sorted(set(params) ^ set(student_names))
         if extra:
             raise WritebackError(f"{path}: a distilled student's graph, but the encoder's parameters "
                                  f"do not match its names ({', '.join(extra[:3])}); it was not read from "
                                  "this graph")
         return {prefix + theirs: _param(params[param], pn.student_linear(param))
-                for param, theirs in names.items() if param != "tokens.weight" or include_tokens}
-    names = module._names(encoder.settings.layers)
-    missing = set(params) - set(names) - {"positions"}
+                for param, theirs in student_names.items() if param != "tokens.weight" or include_tokens}
+    family_names = module.weight_names(encoder.settings.layers)
+    missing = set(params) - set(family_names) - {"positions"}
     if missing:
         raise WritebackError(f"{path}: the encoder has parameters with no graph name "
                              f"({', '.join(sorted(missing)[:3])}); it was not read from this graph's family")
     out: dict[str, np.ndarray] = {}
-    for param, theirs in names.items():
+    for param, theirs in family_names.items():
         if param == "tokens.weight" and not include_tokens:
             continue
         full = prefix + theirs
@@ -772,26 +139,286 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     if folded is not None:
         positions, types = folded
         mine = _param(params["positions"])
-        if not _same(mine, positions):
+        if not patch.bitwise_equal(mine, positions):
             out[prefix + pn.POSITIONS] = mine
             if types is not None:
                 out[prefix + pn.TOKEN_TYPES] = np.zeros_like(types)
     return out
 
 
-def _folded_positions(source: _Source, index: _Index, names: _Names) -> tuple[np.ndarray, np.ndarray | None]:
+def _folded_positions(streamed: patch.StreamedGraph, graph_names: names.WeightNames, prefix: str
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
     """(the graph's positions + token-type row 0, its token-type table or None), what the BERT family's
     `positions` parameter was read as; the only weights read from the graph."""
     from .trainable import postnorm as pn
-    from .trainable.graph import GraphError
 
     def read(theirs: str) -> np.ndarray | None:
-        name = names.prefix + theirs
-        stored = names.named.get(name)
-        return None if stored is None else _old_value(source, _float32_tensor(source, index, name, stored))
+        name = prefix + theirs
+        stored = graph_names.named.get(name)
+        if stored is None:
+            return None
+        names.check_float32(streamed.path, name, streamed.layout.dtypes[stored])
+        return streamed.value(stored)
 
     positions, types = read(pn.POSITIONS), read(pn.TOKEN_TYPES)
     if positions is None:
-        raise GraphError(f"{source.path}: no {names.prefix + pn.POSITIONS}; not a BERT-family graph")
+        raise names.GraphError(f"{streamed.path}: no {prefix + pn.POSITIONS}; not a BERT-family graph")
     folded = positions + (types[0] if types is not None else np.float32(0))
     return np.ascontiguousarray(folded, dtype=np.float32), types
+
+
+# -- the graph pipeline ---------------------------------------------------------------------------------
+
+def save_with_graph(tagger, path: str | os.PathLike, training: dict | None = None) -> pipeline.Saved:
+    """Save a fine-tuned tagger as a graph pipeline (format /2): its encoder's weights written into a copy
+    of the graph they were read from, `<stem>.encoder0.onnx` beside `path` (see tagging.pipeline).
+
+    Equal weights and settings give equal bytes in both files. Other taggers are saved by
+    `pipeline.save` (which copies the graph of a tagger loaded from a /2 file).
+    """
+    if not tagger.trainable_encoder:
+        raise pipeline.PipelineError(f"{path}: a {tagger.kind!r} tagger has no fine-tuned weights to write "
+                                     "into a graph; save it with tagging.pipeline.save")
+    encoder = tagger.encoder
+    source = encoder.model_dir / manifest.ONNX_FILE
+    # The weights are placed by the graph's names and layout: it must be the graph they were read from.
+    files.check_file(source, encoder.file_hashes[manifest.ONNX_FILE], what="the graph the encoder came from")
+
+    def write_graph(target: Path) -> patch.PatchReport:
+        return patch.patch(source, target, module_weights_to_graph(encoder.encoder, source))
+
+    return pipeline.save_pair(tagger, path, write_graph, training)
+
+
+def _mib(kib: int) -> float:
+    return kib / 1024.0  # ru_maxrss is in KiB on Linux
+
+
+def _peak_kib() -> int:
+    """The peak resident set (VmHWM, which _reset_peak resets); ru_maxrss where /proc is not there."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _resident_kib() -> int:
+    """The resident set now (VmRSS); 0 where /proc is not there."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def _reset_peak() -> bool:
+    """Reset the peak resident set to the current one (Linux: `5` to /proc/self/clear_refs), so that
+    ru_maxrss afterwards is the peak of what follows and not of loading before it.
+
+    Freed heap is first given back to the system (glibc's malloc_trim): otherwise pages freed after
+    loading stay resident, the write reuses them, and its cost would not show in the peak."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the peak may understate the write
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def pipeline_inputs(inline: str | os.PathLike) -> list:
+    """The files `write_pipeline` reads: the inline pipeline and the export it references."""
+    settings, _ = pipeline.read(inline)
+    model_dir = Path(inline).parent / settings["encoder"]["model_dir"]
+    return [inline, *(model_dir / n for n in (*manifest.MODEL_FILES, manifest.MANIFEST))]
+
+
+def write_pipeline(inline: str | os.PathLike, out: str | os.PathLike, threads: int) -> dict:
+    """Write `out` and its graph from a fine-tuned run's inline pipeline; what was done, and the memory."""
+    start = _peak_kib()
+    tagger = pipeline.load(inline, threads=threads)
+    if not tagger.trainable_encoder:
+        raise pipeline.PipelineError(f"{inline}: a {tagger.kind!r} pipeline; only a fine-tuned run's "
+                                     "(transformer-trainable) has weights to write into a graph")
+    loaded = _peak_kib()
+    training = dict(pipeline.training_summary(inline) or {})
+    training["inline_pipeline_sha256"] = files.sha256_file(inline)
+    reset = _reset_peak()
+    resident = _resident_kib()
+    saved = save_with_graph(tagger, out, training=training)
+    return {"saved": saved, "peak_start_kib": start, "peak_loaded_kib": loaded, "peak_reset": reset,
+            "resident_before_write_kib": resident, "peak_write_kib": _peak_kib(),
+            "graph_bytes": saved.graph.stat().st_size,
+            "source_bytes": (tagger.encoder.model_dir / manifest.ONNX_FILE).stat().st_size}
+
+
+def patch_markdown(report: patch.PatchReport) -> str:
+    """What the patch did, for the pipeline's fragment."""
+    return tables.markdown_table(["what", "tensors"], [
+        ("initializers rewritten", len(report.rewritten)),
+        ("Identity names made initializers", len(report.materialized)),
+        ("given, equal to the graph's (left as they were)", len(report.unchanged)),
+        ("rewritten from float_data to raw_data", len(report.from_float_data)),
+        ("bytes written", f"{report.bytes_written:,}")], "lr")
+
+
+def memory_markdown(done: dict) -> str:
+    """The resident set at each point of `write_pipeline` (its result), for the pipeline's fragment."""
+    rows = [("before loading (Python and torch imported): peak", done["peak_start_kib"]),
+            ("inline pipeline loaded (trainable modules): peak", done["peak_loaded_kib"]),
+            ("resident when writing began", done["resident_before_write_kib"]),
+            ("while writing the graph and the pipeline: peak" + ("" if done["peak_reset"] else
+                                                                 " (since the start: no reset)"),
+             done["peak_write_kib"])]
+    return tables.markdown_table(["point", "MiB"], [(what, f"{_mib(kib):.1f}") for what, kib in rows]
+                                 + [("written graph's size", f"{done['graph_bytes'] / 2**20:.1f}")], "lr")
+
+
+def memory_notes(done: dict) -> list[str]:
+    """The fragment's notes on the write's memory and the graph's size; the last is the one-line summary."""
+    saved, size = done["saved"], done["graph_bytes"]
+    peak, resident = done["peak_write_kib"], done["resident_before_write_kib"]
+    added = max(0, peak - resident)
+    report = saved.report
+    return [
+        f"peak memory of writing the {size / 2**20:.1f} MiB graph: {_mib(peak):.1f} MiB resident at most, "
+        f"{_mib(added):.1f} MiB over the {_mib(resident):.1f} MiB resident when it began "
+        f"({added * 1024 / size:.2f} x the file's size); the peak " + (
+            "was reset (/proc/self/clear_refs) after loading, so loading is not in it"
+            if done["peak_reset"] else "could not be reset, so it includes loading"),
+        f"written graph {saved.graph.name}: {size:,} bytes, the export's model.onnx "
+        f"{done['source_bytes']:,} bytes; only the rewritten initializers' values differ",
+        f"{saved.path}: {len(report.rewritten)} initializers rewritten, {len(report.materialized)} "
+        f"materialised; writing: peak {_mib(peak):.1f} MiB resident, {_mib(added):.1f} MiB added, graph "
+        f"{size / 2**20:.1f} MiB"]
+
+
+def run_inputs(inline: str | os.PathLike, written: str | os.PathLike) -> list[Path]:
+    """The files a run's comparison reads: both pipelines and the written graph."""
+    return [Path(inline), Path(written), Path(written).with_name(pipeline.graph_name(written))]
+
+
+def _encoder_name(tagger) -> str:
+    return tagger.encoder.manifest.get("model", Path(tagger.encoder.model_dir).name)
+
+
+# -- parity ---------------------------------------------------------------------------------------------
+
+def parity_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, texts: list[str],
+                threads: int) -> list[dict]:
+    """The written graph (ONNX Runtime) and the export's graph against the modules, every token."""
+    import torch
+
+    from . import compare, runtime, tokens
+    from .machine import torch_threads
+
+    modules = pipeline.load(inline, threads=threads).encoder
+    graph = pipeline.load(written, threads=threads).encoder
+    torch_threads(threads)
+    export = runtime.ort_session(graph.model_dir / manifest.ONNX_FILE, graph.threads, graph.optimization)
+    # The parity recipe's tokenisation: the tokenizer's special tokens, cut to the model's positions.
+    reader = tokens.TextPieces(graph.model_dir / manifest.TOKENIZER_FILE,
+                               runtime.usable_positions(graph.config), graph.pad_id)
+    rows, _ = reader.encode(texts)
+    feeds = [dict(zip(runtime.INPUTS, runtime.pad_batch([row], graph.pad_id), strict=True)) for row in rows]
+    # One runtime at a time: ONNX Runtime's idle threads spin, and would slow PyTorch beside them.
+    with torch.no_grad():
+        mine = [modules.encoder(torch.from_numpy(f["input_ids"]), torch.from_numpy(f["attention_mask"]))[0]
+                .numpy() for f in feeds]
+    pairs = {}
+    for name, session in zip(COMPARISONS, (graph.session, export), strict=True):
+        pairs[name] = compare.Accumulator()
+        for reference, f in zip(mine, feeds, strict=True):
+            pairs[name].add(reference, session.run([runtime.OUTPUT], f)[0][0])
+    encoder = graph.manifest.get("model", "")
+    return [{"run": run, "encoder": encoder, "comparison": name,
+             **{k: v for k, v in acc.row().items() if k in PARITY_COLUMNS}} for name, acc in pairs.items()]
+
+
+def parity_markdown(rows: list[dict]) -> str:
+    return tables.markdown(rows, PARITY_MARKDOWN)
+
+
+# -- agreement ------------------------------------------------------------------------------------------
+
+def agreement_row(run: str, inline: str | os.PathLike, written: str | os.PathLike, sentences, pred_out,
+                  resamples: int, seed: int, threads: int) -> dict:
+    """UPOS through the written graph (bootstrap interval) and its differences from the inline pipeline's."""
+    from .tagging import evaluate
+
+    docs = [s.doc() for s in sentences]
+    graph = pipeline.load(written, threads=threads)
+    ours = graph.predict(docs)
+    theirs = pipeline.load(inline, threads=threads).predict(docs)
+    differing = sum(a != b for p, q in zip(ours, theirs, strict=True) for a, b in zip(p, q, strict=True))
+    conllu.write_predictions(sentences, ours, pred_out)
+    gold = [s.upos for s in sentences]
+    accuracy = evaluate.accuracy_interval(gold, ours, resamples=resamples, seed=seed)
+    inline_upos = evaluate.accuracy_interval(gold, theirs, resamples=resamples, seed=seed).upos
+    return {"run": run, "encoder": _encoder_name(graph), "split": "test", "tokens": accuracy.tokens,
+            "sentences": accuracy.sentences, "differing_tokens": differing, "upos": accuracy.upos,
+            "ci_low": accuracy.ci_low, "ci_high": accuracy.ci_high, "upos_inline": inline_upos,
+            "resamples": resamples, "seed": seed}
+
+
+def agreement_markdown(rows: list[dict]) -> str:
+    # Not tables.markdown: the interval is two columns in one cell, and the count is printed as it is.
+    return tables.markdown_table(
+        ["run", "encoder", "split", "tokens", "differing tokens", "UPOS (written graph)", "95% CI",
+         "UPOS (inline)"],
+        [(r["run"], r["encoder"], r["split"], f"{int(r['tokens']):,}", r["differing_tokens"],
+          f"{float(r['upos']):.2f}", f"[{float(r['ci_low']):.2f}, {float(r['ci_high']):.2f}]",
+          f"{float(r['upos_inline']):.2f}") for r in rows], "lllrrrrr")
+
+
+# -- speed ----------------------------------------------------------------------------------------------
+
+def _time(tagger, batches, warmup: int, repeats: int) -> float:
+    """Median seconds to tag every batch, after `warmup` untimed passes; nothing cached between passes."""
+    seconds = []
+    for rep in range(warmup + repeats):
+        if hasattr(tagger.encoder, "clear_cache"):
+            tagger.encoder.clear_cache()  # the frozen encoder keeps each document's vectors
+        start = time.perf_counter()
+        for batch in batches:
+            tagger.predict_ids(batch, batch_words=sys.maxsize)  # one forward per batch of documents
+        if rep >= warmup:
+            seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, sentences, batch: int,
+               thread_counts: list[int], warmup: int, repeats: int) -> list[dict]:
+    docs = [s.doc() for s in sentences]
+    tokens = sum(len(d.words) for d in docs)
+    batches = [docs[i:i + batch] for i in range(0, len(docs), batch)]
+    rows = []
+    for threads in thread_counts:
+        modules = pipeline.load(inline, threads=threads)  # sets torch's threads
+        graph = pipeline.load(written, threads=threads)  # ONNX Runtime's intra-op threads
+        graph.encoder.batch_size = batch  # a batch's windows in one call, as the modules run them
+        modules_s = _time(modules, batches, warmup, repeats)
+        graph_s = _time(graph, batches, warmup, repeats)
+        rows.append({"run": run, "encoder": _encoder_name(graph), "threads": threads,
+                     "sentences": len(docs), "tokens": tokens, "repeats": repeats,
+                     "modules_tok_s": tokens / modules_s, "graph_tok_s": tokens / graph_s,
+                     "ratio": modules_s / graph_s})
+    return rows
+
+
+def speed_markdown(rows: list[dict]) -> str:
+    return tables.markdown(rows, SPEED_MARKDOWN)
+
+
+def write_table(out: str | os.PathLike, rows: list[dict], columns: list[str], markdown: str) -> list[Path]:
+    """The CSV and its Markdown beside it (same name, .md), each written atomically."""
+    out = Path(out)
+    files.write_text(out, tables.csv_text(rows, columns))
+    files.write_text(out.with_suffix(".md"), markdown)
+    return [out, out.with_suffix(".md")]

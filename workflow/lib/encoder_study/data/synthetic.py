@@ -19,10 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import files
-from .conllu import SPLITS, UPOS
-
-SIZES = {"train": 1500, "dev": 300, "test": 300}
-
+from .conllu import SPLITS, UPOS, TreebankError
 
 # Word classes: (UPOS, words). A word listed twice is drawn twice as often. Words in several classes
 # (run, light, can, ...) are the ambiguous ones; the templates decide which class a slot draws from.
@@ -239,23 +236,22 @@ def _sentence_conllu(sent_id: str, tokens: list[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-def synthesize(seed: int, sizes: dict[str, int] | None = None) -> dict[str, str]:
-    """The synthetic treebank as CoNLL-U text per split; split k draws from SeedSequence([seed, k])."""
-    sizes = dict(SIZES if sizes is None else sizes)
+def synthesize(seed: int, sizes: dict[str, int]) -> dict[str, str]:
+    """The synthetic treebank as CoNLL-U text per split in `sizes` (sentences per split; the workflow's
+    come from the config, treebank.sizes); split k draws from SeedSequence([seed, k])."""
     out = {}
     for k, split in enumerate(SPLITS):
         if split not in sizes:
             continue
         if sizes[split] < 1:
-            raise ValueError(f"split {split}: needs at least one sentence, got {sizes[split]}")
+            raise TreebankError(f"split {split}: needs at least one sentence, got {sizes[split]}")
         rng = np.random.default_rng(np.random.SeedSequence([seed, k]))
         out[split] = "".join(_sentence_conllu(f"{split}-{i:05d}", _draw(rng))
                              for i in range(1, sizes[split] + 1))
     return out
 
 
-def write_synthetic(out_dir: str | os.PathLike, seed: int, sizes: dict[str, int] | None = None
-                    ) -> dict[str, Path]:
+def write_synthetic(out_dir: str | os.PathLike, seed: int, sizes: dict[str, int]) -> dict[str, Path]:
     """Write `<out_dir>/<split>.conllu` per split (each atomically); return split -> path."""
     out_dir = Path(out_dir)
     paths = {}

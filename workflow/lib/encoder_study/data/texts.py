@@ -166,7 +166,7 @@ def language(code: str, where: str = "--languages") -> tuple[str, str]:
     check_code(code, where)
     if code not in LANGUAGES:
         raise TextError(f"{where}: language {code!r} is not in the language registry "
-                        "(LANGUAGES in encoder_study/texts.py); add it there with its English name and "
+                        "(LANGUAGES in encoder_study/data/texts.py); add it there with its English name and "
                         "ISO 15924 script, or drop it from the languages asked for")
     return LANGUAGES[code]
 
@@ -410,7 +410,7 @@ def pinned(sha256: str | None, what: str) -> str | None:
         raise TextError(f"{what}: {err}") from err
 
 
-def fetch(source: str, dest: str | os.PathLike, sha256: str | None = None, timeout: float = 60.0) -> str:
+def fetch(source: str, dest: str | os.PathLike, sha256: str | None, timeout: float) -> str:
     """Copy a URL (http, https, file://) or a local path to `dest`; return the file's SHA-256.
 
     With `sha256` pinned, a different file raises IntegrityError (naming the source, the expected and
@@ -560,6 +560,65 @@ def select_texts(sources: dict[str, Iterable[Text]], counts: dict[str, int], see
     chosen.sort(key=lambda t: (SOURCES.index(t.source) if t.source in SOURCES else len(SOURCES), t.source,
                                t.lang, t.script or "", natural_key(t.id)))
     return Selection([output_record(t, max_chars) for t in chosen], stats or {}, pools)
+
+
+@dataclass
+class Chosen:
+    """A selection with what made it: the source files read and notes for a reader of the fragment."""
+
+    selection: Selection
+    inputs: list[Path]
+    notes: list[str]
+
+
+def choose(given: dict[str, str | None], sha256s: dict[str, str], counts: dict[str, int], seed: int,
+           max_chars: int, languages: list[str] | None) -> Chosen:
+    """Read each source of SOURCES that `counts` asks texts of (`given`: a path or file:// URL; its pin
+    in `sha256s`, '' for none) and select the texts by the rule of the module docstring."""
+    sources: dict[str, Iterable[Text]] = {}
+    stats = {s: SourceStats() for s in SOURCES}
+    hashes: dict[str, tuple[str, bool]] = {}
+    inputs = []
+    for source, reader in (("tatoeba", read_tatoeba), ("udhr", read_udhr)):
+        count = counts[source]
+        if count == 0:
+            continue
+        if not given.get(source):
+            raise TextError(f"--{source} is required when --{source}-count is {count}")
+        path = local_path(given[source])
+        if path is None:
+            raise TextError(f"--{source} {given[source]}: a network URL; fetch it first with `encoder-study "
+                            "parity fetch` and give the local file")
+        hashes[source] = source_sha256(path, sha256s[source], source)
+        inputs.append(path)
+        sources[source] = reader(path, stats[source])
+    selection = select_texts(sources, counts, seed, max_chars, languages, stats)
+    records = selection.records
+    notes = [f"{len(records)} texts in {len({r['lang'] for r in records})} languages and "
+             f"{len({r['script'] for r in records})} scripts, chosen with seed {seed}; "
+             f"{sum(r['truncated'] for r in records)} cut at {max_chars} code points on a grapheme boundary"]
+    for source, (digest, was_pinned) in hashes.items():
+        state = "pinned and checked" if was_pinned else (
+            "recorded, not pinned: put it in the config to make the next run check it")
+        notes.append(f"{source} source SHA-256 {digest} ({state})")
+    for source, pool in selection.pools.items():
+        st = stats[source]
+        if source not in sources:
+            notes.append(f"{source}: not read (count 0)")
+            continue
+        skipped = sum(pool.ineligible.values())
+        top = ", ".join(f"{c} ({n})" for c, n in sorted(pool.ineligible.items(),
+                                                         key=lambda kv: (-kv[1], kv[0]))[:12])
+        notes.append(f"{source}: {st.records} records in {st.files} file(s); {sum(pool.available.values())} "
+                     f"eligible in {len(pool.available)} language/script groups; {skipped} in languages not "
+                     f"asked for or not in the registry{': ' + top if top else ''}"
+                     + (f"; {st.no_language} without a language (\\N)" if st.no_language else "")
+                     + (f"; {st.not_iso} with a non-ISO code ({', '.join(sorted(TATOEBA_NOT_ISO))})"
+                        if st.not_iso else "")
+                     + (f"; {st.empty} empty paragraphs" if st.empty else ""))
+    notes.append("rule: within each language/script group, texts in order of SHA-256(seed, source, id); "
+                 "groups visited with scripts alternating; see encoder_study.data.texts")
+    return Chosen(selection, inputs, notes)
 
 
 def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:

@@ -1,1 +1,7 @@
-"""The distilled student: `student` (architecture), `export` (ONNX + parity), `data`, `objective`, `train`."""
+"""The distilled student: `architecture`, `data`, `objective`, `train`, and `export` (ONNX + parity)."""
+
+from ..errors import UserError
+
+
+class DistillError(UserError):
+    """A setting, corpus or file the distillation cannot use: the message names it and the fix."""

@@ -1,7 +1,7 @@
 """The distillation corpus: documents per language, tokenised once, sampled as windows of teacher ids.
 
     documents = embedded_documents("config/texts/tatoeba_sample.tsv", "config/texts/udhr_sample")
-    corpus = Corpus.build(documents, PieceTokenizer("results/models/minilm/tokenizer.json"))
+    corpus = Corpus.build(documents, PieceTokenizer("results/models/minilm/tokenizer.json"), None, 0.5)
     batch = corpus.batch(seed=0, step=17, windows=16, lengths=(32, 64), pad_id=0)
 
 Each language's documents are encoded without special tokens and laid end to end, each followed by
@@ -35,6 +35,7 @@ import torch
 
 from ..data import texts
 from ..tokens import PieceTokenizer
+from . import DistillError
 
 TRAIN_STREAM, STATS_STREAM = 0, 1  # separate draws for training batches and the statistics sample
 
@@ -63,12 +64,12 @@ class Batch:
         return int(self.attention_mask.sum())
 
 
-def language_weights(amounts: Mapping[str, float], power: float = 0.5) -> dict[str, float]:
+def language_weights(amounts: Mapping[str, float], power: float) -> dict[str, float]:
     """lang -> probability proportional to amount ** power, over the languages with a positive amount,
     sorted by language code."""
     kept = {lang: float(amounts[lang]) for lang in sorted(amounts) if amounts[lang] > 0}
     if not kept:
-        raise ValueError("no language has any text")
+        raise DistillError("no language has any text")
     raw = {lang: amount ** power for lang, amount in kept.items()}
     total = math.fsum(raw.values())
     return {lang: value / total for lang, value in raw.items()}
@@ -78,12 +79,12 @@ class Corpus:
     """One stream of teacher piece ids per language, and the windows drawn from them."""
 
     def __init__(self, streams: Mapping[str, np.ndarray], amounts: Mapping[str, float], prefix: Sequence[int],
-                 suffix: Sequence[int], power: float = 0.5):
+                 suffix: Sequence[int], power: float):
         self.streams = {lang: np.asarray(streams[lang], dtype=np.int64) for lang in sorted(streams)
                         if len(streams[lang])}
         missing = sorted(set(self.streams) - set(amounts))
         if missing:
-            raise ValueError(f"no amount of text given for languages {missing}")
+            raise DistillError(f"no amount of text given for languages {missing}")
         self.weights = language_weights({lang: amounts[lang] for lang in self.streams}, power)
         self.langs = list(self.weights)
         self.prefix = np.asarray(prefix, dtype=np.int64)
@@ -92,11 +93,11 @@ class Corpus:
 
     @classmethod
     def build(cls, documents: Iterable[Document], tokenizer: PieceTokenizer,
-              amounts: Mapping[str, float] | None = None, power: float = 0.5) -> Corpus:
+              amounts: Mapping[str, float] | None, power: float) -> Corpus:
         """Encode every document (in the given order) and join each language's into one stream."""
         documents = list(documents)
         if not documents:
-            raise ValueError("the distillation corpus has no documents")
+            raise DistillError("the distillation corpus has no documents")
         encoded = tokenizer.encode_many([doc.text for doc in documents])
         separator = np.asarray(tokenizer.suffix, dtype=np.int64)
         parts: dict[str, list[np.ndarray]] = {}
@@ -122,7 +123,7 @@ class Corpus:
         specials = len(self.prefix) + len(self.suffix)
         size = length - specials
         if size < 1:
-            raise ValueError(f"window length {length} leaves no room beside {specials} special tokens")
+            raise DistillError(f"window length {length} leaves no room beside {specials} special tokens")
         stream = self.streams[lang]
         start = int(rng.integers(0, len(stream) - size + 1)) if len(stream) > size else 0
         return np.concatenate([self.prefix, stream[start:start + size], self.suffix])
@@ -179,9 +180,10 @@ class StreamSource:
     def from_dict(cls, values: Mapping) -> StreamSource:
         source = cls(**values)
         if not source.revision or not isinstance(source.revision, str):
-            raise ValueError(f"{source.dataset}: a streamed source needs a pinned revision (a commit hash)")
+            raise DistillError(f"{source.dataset}: a streamed source needs a pinned revision (a commit hash)")
         if source.max_documents < 1:
-            raise ValueError(f"{source.dataset}: max_documents must be positive, got {source.max_documents}")
+            raise DistillError(f"{source.dataset}: max_documents must be positive, "
+                               f"got {source.max_documents}")
         return source
 
 

@@ -18,8 +18,10 @@ MatMul/Softmax; exact GELU as Erf), but its weights are named initializers, each
 The export wrapper's parameters already are those [in, out] arrays and it computes `x @ W + b`, so
 constant folding finds no Transpose to fold and every initializer keeps its module name (the plain
 exporter would store anonymous `onnx::MatMul_N` tensors). The head count, which the weights cannot
-tell, is `num_attention_heads` in model.config.json. `trainable.load` reads this layout back
-(`trainable.postnorm.student_names`), and `writeback.module_weights_to_graph` writes it.
+tell, is `num_attention_heads` in model.config.json. The layout's names have one owner,
+`trainable.postnorm` (`student_names`, `student_linear`, `is_student`): `trainable.load` reads the
+layout back by them, `graph_names` below states them, and `writeback.module_weights_to_graph` writes
+fine-tuned weights into it.
 """
 
 from __future__ import annotations
@@ -34,16 +36,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import files, manifest, provenance
-from ..export import CHECK_TEXT, DYNAMIC_AXES, ExportError
-from ..runtime import INPUTS, OUTPUT, ort_session, pad_batch
+from .. import files, machine, manifest, provenance, tables
+from ..runtime import CHECK_TEXT, DYNAMIC_AXES, INPUTS, OUTPUT, ort_session, pad_batch
 from ..trainable.postnorm import PostNormEncoder, student_names
+from . import DistillError
 
 MODEL_TYPE = "encoder_study_student"
 SOURCE = "student"
 PARITY_COLUMNS = ["model", "comparison", "tokens", "max_abs", "mean_abs", "max_value", "min_cos",
                   "batch_equal"]
 PARITY_COMPARISONS = ("trainable vs pytorch", "graph runtime vs pytorch")
+# results/student/parity.md: the shared parity columns between the comparison and the batch check.
+PARITY_MARKDOWN = (("model", "model", ""), ("comparison", "comparison", ""), *tables.PARITY_COLUMNS,
+                   ("batch_equal", "batches = alone", "yes"))
 
 
 # -- the export-only module -------------------------------------------------------------------------
@@ -168,11 +173,12 @@ def check_student(encoder) -> None:
     """Refuse what the student layout cannot express (the graph would silently compute something else)."""
     s = getattr(encoder, "settings", None)
     if not isinstance(encoder, PostNormEncoder) or s is None or not s.embedding_width:
-        raise ExportError("the student export takes a trainable.PostNormEncoder with a factorised token "
-                          "table (settings.embedding_width); encoder_study.distill.student.build makes one")
+        raise DistillError("the student export takes a trainable.PostNormEncoder with a factorised token "
+                           "table (settings.embedding_width); encoder_study.distill.architecture.build "
+                           "makes one")
     if s.position_offset != 0 or s.position_pad_id is not None:
-        raise ExportError(f"the student's positions start at row 0 (got offset {s.position_offset}, pad id "
-                          f"{s.position_pad_id}); the exported graph has no other position scheme")
+        raise DistillError(f"the student's positions start at row 0 (got offset {s.position_offset}, pad id "
+                           f"{s.position_pad_id}); the exported graph has no other position scheme")
 
 
 # -- export ----------------------------------------------------------------------------------------
@@ -196,7 +202,8 @@ def _teacher(teacher_dir: Path) -> tuple[Path, dict, dict]:
     """(tokenizer path, teacher manifest or {}, teacher config or {}); an export directory is verified."""
     tokenizer = teacher_dir / manifest.TOKENIZER_FILE
     if not tokenizer.is_file():
-        raise ExportError(f"{teacher_dir}: no {manifest.TOKENIZER_FILE}; give the teacher's export directory")
+        raise DistillError(f"{teacher_dir}: no {manifest.TOKENIZER_FILE}; give the teacher's export "
+                           "directory")
     record = manifest.verified_model(teacher_dir) if (teacher_dir / manifest.MANIFEST).is_file() else {}
     config = {}
     for name in (manifest.CONFIG_FILE, "config.json"):
@@ -238,16 +245,16 @@ def _check_round_trip(encoder: PostNormEncoder, onnx_path: Path) -> None:
     theirs = dict(again.named_parameters())
     for name, param in encoder.named_parameters():
         if not torch.equal(param.detach().float(), theirs[name].detach()):
-            raise ExportError(f"{onnx_path}: {name} does not read back from the graph as exported; "
-                              "nothing was written")
+            raise DistillError(f"{onnx_path}: {name} does not read back from the graph as exported; "
+                               "nothing was written")
     if again.settings_dict() != dict(encoder.settings_dict(), freeze_embeddings=False):
-        raise ExportError(f"{onnx_path}: settings read back as {again.settings_dict()}, exported "
-                          f"{encoder.settings_dict()}; nothing was written")
+        raise DistillError(f"{onnx_path}: settings read back as {again.settings_dict()}, exported "
+                           f"{encoder.settings_dict()}; nothing was written")
 
 
 def export_student(encoder: PostNormEncoder, teacher_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-                   name: str = "student", distillation: dict | None = None, tolerance: float = 1e-4,
-                   threads: int = 1, opset: int = 17, ort_optimization: str = "all") -> dict:
+                   name: str, distillation: dict, tolerance: float, threads: int, opset: int,
+                   ort_optimization: str) -> dict:
     """Write out_dir/{model.onnx, tokenizer.json, model.config.json, export.json}; return the manifest.
 
     `teacher_dir`: the teacher's export (or model) directory; its tokenizer.json is copied unchanged,
@@ -260,14 +267,13 @@ def export_student(encoder: PostNormEncoder, teacher_dir: str | os.PathLike, out
     from tokenizers import Tokenizer
 
     check_student(encoder)
-    threads = max(1, min(threads, os.cpu_count() or 1))
-    torch.set_num_threads(threads)
+    threads = machine.torch_threads(threads)
     tokenizer_path, teacher_record, teacher_config = _teacher(Path(teacher_dir))
     s = encoder.settings
     pieces = Tokenizer.from_file(str(tokenizer_path)).get_vocab_size(with_added_tokens=True)
     if pieces > s.vocab_size:
-        raise ExportError(f"{tokenizer_path}: {pieces} pieces, but the student's table has {s.vocab_size} "
-                          "rows; the student must have the teacher's whole vocabulary")
+        raise DistillError(f"{tokenizer_path}: {pieces} pieces, but the student's table has {s.vocab_size} "
+                           "rows; the student must have the teacher's whole vocabulary")
     pad = teacher_config.get("pad_token_id")
     pad_id = int(pad) if pad is not None else 0
     wrapper = StudentGraph(encoder)
@@ -292,9 +298,9 @@ def export_student(encoder: PostNormEncoder, teacher_dir: str | os.PathLike, out
         max_value = float(np.abs(reference[real]).max())
         relative = max_abs / max(1.0, max_value)
         if not np.isfinite(relative) or relative > tolerance:
-            raise ExportError(f"student '{name}': ONNX Runtime differs from PyTorch by {max_abs:.3g} "
-                              f"(largest value {max_value:.3g}, relative {relative:.3g} > tolerance "
-                              f"{tolerance}); nothing was written")
+            raise DistillError(f"student '{name}': ONNX Runtime differs from PyTorch by {max_abs:.3g} "
+                               f"(largest value {max_value:.3g}, relative {relative:.3g} > tolerance "
+                               f"{tolerance}); nothing was written")
         shutil.copyfile(tokenizer_path, stage / manifest.TOKENIZER_FILE)
         total = sum(p.numel() for p in encoder.parameters())
         record = {
@@ -303,7 +309,7 @@ def export_student(encoder: PostNormEncoder, teacher_dir: str | os.PathLike, out
             "teacher": {"model": teacher_record.get("model"),
                         "tokenizer_sha256": files.sha256_file(tokenizer_path),
                         "files": teacher_record.get("files")},
-            "distillation": distillation or {},
+            "distillation": distillation,
             "libraries": provenance.library_versions(["torch", "tokenizers", "onnx", "onnxruntime"]),
             "exporter": {
                 "function": "torch.onnx.export", "dynamo": False, "opset": opset,
@@ -339,7 +345,7 @@ def graph_names(layers: int, prefix: str = "model.") -> dict[str, str]:
 # -- parity ----------------------------------------------------------------------------------------
 
 def student_parity(pytorch_encoder: PostNormEncoder, export_dir: str | os.PathLike, texts: list[str],
-                   threads: int = 1, batch: int = 8) -> list[dict]:
+                   threads: int, batch: int = 8) -> list[dict]:
     """Rows of results/student/parity.csv (`PARITY_COLUMNS`).
 
     The trainable modules read back from the graph (`trainable.load`), and ONNX Runtime on the graph,
@@ -347,20 +353,20 @@ def student_parity(pytorch_encoder: PostNormEncoder, export_dir: str | os.PathLi
     token; `batch_equal`: padded batches of `batch` give the read-back modules exactly (bitwise) the
     rows of the texts run alone.
     """
-    from .. import compare
+    from .. import compare, tokens
 
     export_dir = Path(export_dir)
     record = manifest.verified_model(export_dir)
     config = json.loads((export_dir / manifest.CONFIG_FILE).read_text(encoding="utf-8"))
     pad = config.get("pad_token_id")
     pad_id = 0 if pad is None else int(pad)
-    model = compare.Model(record["model"], export_dir / manifest.ONNX_FILE,
-                         export_dir / manifest.TOKENIZER_FILE, pytorch_encoder,
-                         int(config["max_position_embeddings"]), pad_id)
+    pieces = tokens.TextPieces(export_dir / manifest.TOKENIZER_FILE, int(config["max_position_embeddings"]),
+                               pad_id)
+    model = compare.Pair(record["model"], export_dir / manifest.ONNX_FILE, pytorch_encoder, pieces)
     was = pytorch_encoder.training
     try:
         pytorch_encoder.eval()
-        rows = compare.trainable_parity(model, texts, max(1, min(threads, os.cpu_count() or 1)), batch,
+        rows = compare.trainable_parity(model, texts, machine.usable_threads(threads), batch,
                                        comparisons=PARITY_COMPARISONS)
     finally:
         pytorch_encoder.train(was)
@@ -368,9 +374,4 @@ def student_parity(pytorch_encoder: PostNormEncoder, export_dir: str | os.PathLi
 
 
 def parity_markdown(rows: list[dict]) -> str:
-    return provenance.markdown_table(
-        ["model", "comparison", "tokens", "max abs", "mean abs", "largest value", "min cosine",
-         "batches = alone"],
-        [(r["model"], r["comparison"], f"{int(r['tokens']):,}", f"{float(r['max_abs']):.2g}",
-          f"{float(r['mean_abs']):.2g}", f"{float(r['max_value']):.3g}", f"{float(r['min_cos']):.8f}",
-          "yes" if str(r["batch_equal"]) == "True" else "NO") for r in rows], "llrrrrrl")
+    return tables.markdown(rows, PARITY_MARKDOWN)

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import DistillError
+
 NORM_EPS = 1e-5   # of the per-token layer norm of intermediate targets
 STD_FLOOR = 1e-6  # a feature that never varies is divided by this, not by zero
 TERMS = ("hidden", "final", "cosine")
@@ -37,8 +39,8 @@ def layer_map(student_layers: int, teacher_layers: int, given: Sequence[int] | N
     1..T, strictly increasing.
     """
     if student_layers < 1 or teacher_layers < 1:
-        raise ValueError(f"layer counts must be positive, got student {student_layers}, "
-                         f"teacher {teacher_layers}")
+        raise DistillError(f"layer counts must be positive, got student {student_layers}, "
+                           f"teacher {teacher_layers}")
     if given is None:
         # Integer arithmetic: floor(i*T/S + 1/2) without float rounding at exact halves.
         mapping = [(2 * i * teacher_layers + student_layers) // (2 * student_layers)
@@ -46,15 +48,15 @@ def layer_map(student_layers: int, teacher_layers: int, given: Sequence[int] | N
         return mapping + [teacher_layers]
     mapping = [int(v) for v in given]
     if any(v != g for v, g in zip(mapping, given, strict=True)):
-        raise ValueError(f"layer_map {list(given)}: entries must be integers")
+        raise DistillError(f"layer_map {list(given)}: entries must be integers")
     if len(mapping) != student_layers:
-        raise ValueError(f"layer_map {mapping} has {len(mapping)} entries; the student has {student_layers} "
-                         "layers and needs one teacher state for each")
+        raise DistillError(f"layer_map {mapping} has {len(mapping)} entries; the student has "
+                           f"{student_layers} layers and needs one teacher state for each")
     if any(not 1 <= v <= teacher_layers for v in mapping):
-        raise ValueError(f"layer_map {mapping}: teacher states run from 1 to {teacher_layers} (0, the "
-                         "embeddings, is not a target)")
+        raise DistillError(f"layer_map {mapping}: teacher states run from 1 to {teacher_layers} (0, the "
+                           "embeddings, is not a target)")
     if any(b <= a for a, b in zip(mapping[:-1], mapping[1:], strict=True)):
-        raise ValueError(f"layer_map {mapping} must be strictly increasing")
+        raise DistillError(f"layer_map {mapping} must be strictly increasing")
     return mapping
 
 

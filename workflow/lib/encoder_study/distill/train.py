@@ -1,8 +1,8 @@
 """Distilling the student from a trainable teacher, in resumable chunks, on one process or many.
 
-    status = distill("results/models/minilm", documents, {"layers": 3, ...}, {"steps": 300, ...},
-                     checkpoint_path="results/student/checkpoint.pt", out_path="results/student/student.pt")
-    sys.exit(status.exit_code)   # 75 after a chunk with more to do (the rule loops), 0 when done
+    rows = distill("results/models/minilm", documents, {"layers": 3, ...}, {"steps": 300, ...},
+                   checkpoint_path="results/checkpoints/student/distill.pt",
+                   out_path="results/student/student.pt", amounts=None, device=None, progress=False)
 
 A step draws global batch `step` of windows from the corpus (a pure function of the seed and the
 step, see `data`), runs the teacher on it without gradients (`Encoder.hidden_states`: one code path
@@ -26,12 +26,15 @@ without broadcasts. Against one process over the whole batch, only float additio
 agree to rounding (tests/test_distill.py measures it). Only rank 0 writes checkpoints and outputs.
 Backend: NCCL on CUDA, gloo on CPU.
 
-Chunks: `chunk_steps` K > 0 stops after K steps of one call, writes the checkpoint and returns a
-status with `done` False; calling again resumes from it. A checkpoint holds the student, the maps and
-the feature statistics, AdamW's state, the EMA, the RNG states, the step and the log rows, and
-refuses to resume a run with other settings, teacher, corpus, world size or thread count (each
-changes the result in its last bits or more). A run resumed from it computes bit for bit what the
-uninterrupted run computes.
+Chunks: with `chunk_steps` K > 0 the run saves its checkpoint after every K steps and goes on in the
+same call; it saves once more at the end, before the student is written, so a failure while writing
+costs no training. A call that finds a checkpoint resumes from it: after a crash or a walltime kill,
+running the same command again (Snakemake's `retries`) loses at most K steps. A checkpoint holds the
+student, the maps and the feature statistics, AdamW's state, the EMA, the RNG states, the step and
+the log rows, and refuses to resume a run with other settings, teacher, corpus, world size or thread
+count (each changes the result in its last bits or more). A run resumed from it computes bit for bit
+what the uninterrupted run computes. The caller removes the checkpoint once it has what it needs
+(`encoder-study student train` does, after its last output).
 
 Training config keys (`TrainingConfig`, defaults sized for the embedded default: the MiniLM teacher
 6 x 384, a 3 x 192 student, windows of 32 and 64 pieces, a few minutes on 2 CPU cores):
@@ -47,7 +50,7 @@ Training config keys (`TrainingConfig`, defaults sized for the embedded default:
     clip            1.0      gradient-norm clip (0: none)
     ema_decay       0.99     the weights' moving average: decay min(ema_decay, (1+n)/(10+n)) at update n
     log_every       10       steps per log row (and the last step)
-    chunk_steps     0        steps per call (0: to the end); not part of the run's identity
+    chunk_steps     0        steps between checkpoints (0: only at the end); not part of the run's identity
     seed            0        student and maps initialisation, and every batch
     layer_map       null     teacher state per student layer (null: uniform, see objective.layer_map)
     hidden_weight   1.0      weight of the intermediate-layer MSE (mean over those layers)
@@ -82,20 +85,17 @@ from ..files import CheckpointError  # noqa: F401 -- what resuming raises; calle
 from ..tokens import PieceTokenizer
 from ..trainable.common import determinism
 from ..trainable.postnorm import PostNormEncoder, PostNormSettings
-from . import student as student_module
+from . import DistillError, architecture
 from .data import STATS_STREAM, Corpus, Document
 from .objective import TERMS, FeatureStats, Objective, layer_map
 
 CHECKPOINT_FORMAT = "encoder_study.distill.train/1"
+# Named after the architecture module as it was called when the format was made (now `architecture`);
+# kept, because the name is inside every student.pt and `load_student` checks it.
 STUDENT_FORMAT = "encoder_study.distill.student/1"
-EXIT_MORE = 75  # the CLI's exit status after a chunk with steps left (EX_TEMPFAIL: run it again)
 LOG_COLUMNS = ("step", "loss", *TERMS, "lr", "tokens")
 PCA_ROWS = 16384  # rows of the teacher table per float64 slice: mmBERT's whole table would take 1.6 GB
 SCHEDULES = ("linear", "cosine")
-# The embedded default's student (measured with the TrainingConfig defaults on the MiniLM teacher):
-# 2.8 M weights, of which the 30,522 x 48 table is 1.5 M.
-DEFAULT_STUDENT = {"layers": 3, "width": 192, "heads": 4, "intermediate": 768, "embedding_width": 48,
-                   "max_positions": 128}
 
 
 @dataclass(frozen=True)
@@ -129,14 +129,14 @@ class TrainingConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping | TrainingConfig | None) -> TrainingConfig:
-        """The defaults with `values` over them; unknown keys raise ValueError naming them."""
+        """The defaults with `values` over them; unknown keys raise DistillError naming them."""
         if isinstance(values, TrainingConfig):
             return values
         values = dict(values or {})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"training config: unknown keys {unknown}; the keys are {sorted(known)}")
+            raise DistillError(f"training config: unknown keys {unknown}; the keys are {sorted(known)}")
         for name in ("window_lengths", "layer_map"):
             if values.get(name) is not None:
                 values[name] = tuple(int(v) for v in values[name])
@@ -145,23 +145,24 @@ class TrainingConfig:
     def __post_init__(self):
         for name in ("steps", "batch_windows", "log_every", "stats_windows"):
             if getattr(self, name) < 1:
-                raise ValueError(f"training config: {name} must be positive, got {getattr(self, name)}")
+                raise DistillError(f"training config: {name} must be positive, got {getattr(self, name)}")
         for name in ("warmup", "chunk_steps", "threads", "weight_decay", "clip", "min_lr_ratio",
                      "hidden_weight", "final_weight", "cosine_weight"):
             if getattr(self, name) < 0:
-                raise ValueError(f"training config: {name} must be 0 or more, got {getattr(self, name)}")
+                raise DistillError(f"training config: {name} must be 0 or more, got {getattr(self, name)}")
         if not self.window_lengths or min(self.window_lengths) < 3:
-            raise ValueError(f"training config: window_lengths {list(self.window_lengths)} must be lengths "
-                             "of at least 3 (specials and one piece)")
+            raise DistillError(f"training config: window_lengths {list(self.window_lengths)} must be lengths "
+                               "of at least 3 (specials and one piece)")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"training config: lr must be a positive number, got {self.lr}")
+            raise DistillError(f"training config: lr must be a positive number, got {self.lr}")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"training config: schedule must be one of {list(SCHEDULES)}, "
-                             f"got {self.schedule!r}")
+            raise DistillError(f"training config: schedule must be one of {list(SCHEDULES)}, "
+                               f"got {self.schedule!r}")
         if not 0 <= self.ema_decay < 1:
-            raise ValueError(f"training config: ema_decay must be in [0, 1), got {self.ema_decay}")
+            raise DistillError(f"training config: ema_decay must be in [0, 1), got {self.ema_decay}")
         if not self.language_power >= 0:
-            raise ValueError(f"training config: language_power must be 0 or more, got {self.language_power}")
+            raise DistillError(f"training config: language_power must be 0 or more, "
+                               f"got {self.language_power}")
 
     def identity(self) -> dict:
         """What a checkpoint must agree with: every key but chunk_steps (chunks do not change results)."""
@@ -183,20 +184,6 @@ class TrainingConfig:
         return self.lr * (1 - (1 - floor) * progress)
 
 
-@dataclass(frozen=True)
-class Status:
-    """What a call did: `done` once the student is written, else a chunk ended with steps left."""
-
-    done: bool
-    step: int
-    steps: int
-    rows: tuple[dict, ...] = ()
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.done else EXIT_MORE
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Pieces: PCA, EMA, distributed set-up
 
@@ -211,7 +198,7 @@ def pca(table: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.
     """
     rows, width = table.shape
     if not 1 <= k <= min(rows, width):
-        raise ValueError(f"cannot keep {k} principal components of a {rows} x {width} table")
+        raise DistillError(f"cannot keep {k} principal components of a {rows} x {width} table")
     slices = range(0, rows, PCA_ROWS)
     total = torch.zeros(width, dtype=torch.float64)
     for start in slices:
@@ -335,19 +322,19 @@ def teacher_digest(teacher: nn.Module) -> str:
 
 
 def distill(teacher_dir: str | os.PathLike, documents: Iterable[Document],
-            student_config: Mapping | student_module.StudentConfig, training_config: Mapping | TrainingConfig,
+            student_config: Mapping | architecture.StudentConfig, training_config: Mapping | TrainingConfig,
             checkpoint_path: str | os.PathLike, out_path: str | os.PathLike, *,
-            amounts: Mapping[str, float] | None = None, device: str | None = None,
-            progress: bool = False) -> Status:
+            amounts: Mapping[str, float] | None, device: str | None, progress: bool) -> tuple[dict, ...]:
     """Distil a student from the exported teacher in `teacher_dir` (model.onnx, tokenizer.json).
 
     Joins the process group when launched by torchrun. `amounts`: text per language for the language
-    weights (default: the characters of `documents`). Returns `Status`; the student (EMA weights and
-    settings, see `load_student`) is at `out_path` once `done`.
+    weights (None: the characters of `documents`); `device` None: the rank's GPU, else the CPU;
+    `progress`: print each log row to stderr. Returns the log rows; the student (EMA weights and
+    settings, see `load_student`) is then at `out_path` and the finished state at `checkpoint_path`.
     """
     config = TrainingConfig.from_dict(training_config)
-    if not isinstance(student_config, student_module.StudentConfig):
-        student_config = student_module.StudentConfig.from_dict(dict(student_config))
+    if not isinstance(student_config, architecture.StudentConfig):
+        student_config = architecture.StudentConfig.from_dict(dict(student_config))
     teacher_dir = Path(teacher_dir)
     teacher = trainable.load(teacher_dir)
     tokenizer = PieceTokenizer(teacher_dir / "tokenizer.json")
@@ -357,13 +344,12 @@ def distill(teacher_dir: str | os.PathLike, documents: Iterable[Document],
 
 
 def train(teacher: nn.Module, corpus: Corpus, student_config, config: TrainingConfig,
-          checkpoint_path: str | os.PathLike, out_path: str | os.PathLike, *, chunk_steps: int | None = None,
-          teacher_id: str | None = None, device: str | None = None, progress: bool = False) -> Status:
+          checkpoint_path: str | os.PathLike, out_path: str | os.PathLike, *, teacher_id: str | None,
+          device: str | None, progress: bool) -> tuple[dict, ...]:
     """The loop behind `distill`, on objects: a trainable teacher, a corpus, configs as dataclasses.
 
-    `chunk_steps` (default: the config's) steps per call, 0 to the end.
+    `teacher_id` None: the teacher's `teacher_digest`.
     """
-    chunk_steps = config.chunk_steps if chunk_steps is None else chunk_steps
     rank, world, local_rank = init_distributed()
     device = _device(local_rank, device)
     if device.type == "cuda":  # cuBLAS is deterministic only with a fixed workspace; set before it starts
@@ -371,14 +357,14 @@ def train(teacher: nn.Module, corpus: Corpus, student_config, config: TrainingCo
     with determinism(config.threads or torch.get_num_threads()):
         run = _Run(teacher, corpus, student_config, config, Path(checkpoint_path), device, rank, world,
                    teacher_id or teacher_digest(teacher))
-        return run.go(chunk_steps, Path(out_path), progress)
+        return run.go(Path(out_path), progress)
 
 
 def load_student(path: str | os.PathLike) -> tuple[PostNormEncoder, dict]:
     """(the student with its EMA weights, in eval mode; the whole saved record) from `out_path`."""
     saved = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(saved, dict) or saved.get("format") != STUDENT_FORMAT:
-        raise ValueError(f"{path}: not a distilled student (format {STUDENT_FORMAT})")
+        raise DistillError(f"{path}: not a distilled student (format {STUDENT_FORMAT})")
     encoder = PostNormEncoder(PostNormSettings(**saved["settings"]))
     encoder.load_state_dict(saved["state_dict"], strict=True)
     return encoder.eval(), saved
@@ -389,6 +375,30 @@ def write_log(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
     files.write_text(path, tables.csv_text(rows, LOG_COLUMNS))
 
 
+def plot_loss(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
+    """The loss curve (total and each term) against the step, as a PNG with fixed metadata."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    steps = [r["step"] for r in rows]
+    axis.plot(steps, [r["loss"] for r in rows], label="loss", linewidth=2)
+    for term in TERMS:
+        axis.plot(steps, [r[term] for r in rows], label=term, linewidth=1)
+    axis.set_xlabel("step")
+    axis.set_ylabel("distillation loss")
+    axis.set_yscale("log")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    with files.atomic_path(path) as tmp:
+        # No date or software version in the file, so equal curves give equal bytes.
+        figure.savefig(tmp, format="png", metadata={"Software": None})
+    plt.close(figure)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The run
 
@@ -397,8 +407,8 @@ class _Run:
     def __init__(self, teacher: nn.Module, corpus: Corpus, student_config, config: TrainingConfig,
                  checkpoint: Path, device: torch.device, rank: int, world: int, teacher_id: str):
         if config.batch_windows < world:
-            raise ValueError(f"batch_windows {config.batch_windows} is smaller than the world size {world}: "
-                             "some ranks would have no windows")
+            raise DistillError(f"batch_windows {config.batch_windows} is smaller than the world size "
+                               f"{world}: some ranks would have no windows")
         self.config, self.corpus, self.checkpoint = config, corpus, checkpoint
         self.device, self.rank, self.world = device, rank, world
         self.teacher = teacher.to(device).eval().requires_grad_(False)
@@ -409,15 +419,15 @@ class _Run:
             limits["teacher"] = ts.max_positions - ts.position_offset
         for who, limit in limits.items():
             if max(config.window_lengths) > limit:
-                raise ValueError(f"window length {max(config.window_lengths)} exceeds the {who}'s "
-                                 f"{limit} positions")
+                raise DistillError(f"window length {max(config.window_lengths)} exceeds the {who}'s "
+                                   f"{limit} positions")
         self.mapping = layer_map(student_config.layers, ts.layers, config.layer_map)
         self.fingerprint = {
             "config": config.identity(), "student": dataclasses.asdict(student_config), "teacher": teacher_id,
             "corpus": corpus.digest(), "world_size": world, "threads": torch.get_num_threads(),
             "device": device.type}
 
-        self.student = student_module.build(student_config, vocab_size=teacher.tokens.weight.shape[0],
+        self.student = architecture.build(student_config, vocab_size=teacher.tokens.weight.shape[0],
                                             seed=config.seed)
         if config.pca_init:
             pca_init(self.student, teacher.tokens.weight)
@@ -450,7 +460,12 @@ class _Run:
 
     # -- the loop --------------------------------------------------------------------------------------
 
-    def go(self, chunk_steps: int, out_path: Path, progress: bool) -> Status:
+    def go(self, out_path: Path, progress: bool) -> tuple[dict, ...]:
+        """Train to the last step, saving every `chunk_steps`; write the student; return the log rows.
+
+        A chunk is the steps between two saves; the student records their ranges, which therefore
+        do not depend on where a run was resumed.
+        """
         config = self.config
         start, started = self.step, time.perf_counter()
         while self.step < config.steps:
@@ -459,17 +474,21 @@ class _Run:
                 row = self.rows[-1]
                 print(" ".join(f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}"
                                for k in LOG_COLUMNS), file=sys.stderr, flush=True)
-            if chunk_steps and self.step - start >= chunk_steps and self.step < config.steps:
+            if config.chunk_steps and self.step - start >= config.chunk_steps and self.step < config.steps:
                 self.chunks.append(self.chunk_record(start, started))
                 self.save()
-                return Status(False, self.step, config.steps, tuple(self.rows))
+                # Go on from what was saved, as a rerun after a crash would: the same values and the
+                # same objects (pickle writes an object met twice once), so that the student's bytes do
+                # not depend on whether, or after which chunk, the run was resumed.
+                self.load(self.checkpoint)
+                start, started = self.step, time.perf_counter()
         if self.step > start:
             self.chunks.append(self.chunk_record(start, started))
             self.save()  # the finished state: a failure while writing the student costs no training
         if self.rank == 0:
             self.write_student(out_path)
         _barrier(self.world)
-        return Status(True, self.step, config.steps, tuple(self.rows))
+        return tuple(self.rows)
 
     def feature_stats(self) -> None:
         """Mean and std of the teacher's target state over the fixed sample (the statistics stream).

@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from .. import files, provenance, tables
+from .. import files, tables
+from ..errors import UserError
 
 RESAMPLES = 10_000
 CONFIDENCE = 0.95
@@ -55,6 +56,10 @@ COMPARISON_COLUMNS = ["a", "b", "diff", "ci_low", "ci_high", "split", "upos_a", 
                       "sentences", "resamples", "seed", "method", "confidence"]
 
 Tags = Sequence[str]
+
+
+class EvaluationError(UserError, ValueError):
+    """Predictions or data that cannot be scored (mismatched sentences, no tokens), or an unknown method."""
 
 
 @dataclass(frozen=True)
@@ -92,14 +97,14 @@ class Difference:
 def sentence_counts(gold: Sequence[Tags], pred: Sequence[Tags]) -> tuple[np.ndarray, np.ndarray]:
     """Per sentence: (correct tokens, tokens) as int64 arrays; refuses misaligned or empty sentences."""
     if len(gold) != len(pred):
-        raise ValueError(f"{len(gold)} gold sentences but {len(pred)} predicted ones")
+        raise EvaluationError(f"{len(gold)} gold sentences but {len(pred)} predicted ones")
     correct = np.zeros(len(gold), dtype=np.int64)
     tokens = np.zeros(len(gold), dtype=np.int64)
     for i, (g, p) in enumerate(zip(gold, pred, strict=True)):
         if len(g) != len(p):
-            raise ValueError(f"sentence {i}: {len(g)} gold tags but {len(p)} predicted")
+            raise EvaluationError(f"sentence {i}: {len(g)} gold tags but {len(p)} predicted")
         if not g:
-            raise ValueError(f"sentence {i} has no tokens")
+            raise EvaluationError(f"sentence {i} has no tokens")
         tokens[i] = len(g)
         correct[i] = sum(a == b for a, b in zip(g, p, strict=True))
     return correct, tokens
@@ -114,7 +119,7 @@ def _percent(numerator: np.ndarray, tokens: np.ndarray, axis: int = -1) -> np.nd
 def _method(method: str) -> str:
     name = method.lower()
     if name not in METHODS:
-        raise ValueError(f"interval method {method!r}: choose one of {', '.join(METHODS)}")
+        raise EvaluationError(f"interval method {method!r}: choose one of {', '.join(METHODS)}")
     return name
 
 
@@ -122,7 +127,7 @@ def _interval(numerator: np.ndarray, tokens: np.ndarray, resamples: int, seed: i
               method: str) -> tuple[float, float]:
     """Bootstrap interval of `_percent` over sentences, numerator and tokens resampled together."""
     if len(tokens) < 2:
-        raise ValueError(f"a bootstrap interval needs at least two sentences, got {len(tokens)}")
+        raise EvaluationError(f"a bootstrap interval needs at least two sentences, got {len(tokens)}")
     common = dict(statistic=_percent, paired=True, vectorized=True, confidence_level=confidence,
                   batch=BATCH)
     result = stats.bootstrap((numerator, tokens), n_resamples=resamples, method="percentile",
@@ -213,13 +218,13 @@ def most_frequent_tag_baseline(train_sentences: Iterable[tuple[Sequence[str], Ta
     overall: Counter = Counter()
     for number, (forms, tags) in enumerate(train_sentences):
         if len(forms) != len(tags):
-            raise ValueError(f"train sentence {number}: {len(forms)} forms but {len(tags)} tags")
+            raise EvaluationError(f"train sentence {number}: {len(forms)} forms but {len(tags)} tags")
         for form, tag in zip(forms, tags, strict=True):
             by_form[form][tag] += 1
             by_lower[form.lower()][tag] += 1
             overall[tag] += 1
     if not overall:
-        raise ValueError("the train set has no tokens")
+        raise EvaluationError("the train set has no tokens")
     return MostFrequentTagBaseline(
         {form: _most_frequent(c) for form, c in by_form.items()},
         {form: _most_frequent(c) for form, c in by_lower.items()} if lowercase_backoff else {},
@@ -281,7 +286,7 @@ def _ci_header(rows: list[dict[str, str]]) -> str:
 def scores_markdown(rows: Iterable[Mapping]) -> str:
     """The scores table in Markdown, two decimals; accepts rows as built or as read back from the CSV."""
     rows = _ordered(rows, SCORE_COLUMNS, SCORE_KEYS)
-    return provenance.markdown_table(
+    return tables.markdown_table(
         ["run", "encoder", "mode", "pooling", "split", "UPOS", _ci_header(rows), "tokens", "sentences"],
         [(r["run"], r["encoder"], r["mode"], r["pooling"], r["split"], f"{float(r['upos']):.2f}",
           f"[{float(r['ci_low']):.2f}, {float(r['ci_high']):.2f}]", f"{int(r['tokens']):,}",
@@ -291,7 +296,7 @@ def scores_markdown(rows: Iterable[Mapping]) -> str:
 def comparisons_markdown(rows: Iterable[Mapping]) -> str:
     """The comparisons table in Markdown: a - b in points with its paired interval."""
     rows = _ordered(rows, COMPARISON_COLUMNS, COMPARISON_KEYS)
-    return provenance.markdown_table(
+    return tables.markdown_table(
         ["a", "b", "split", "UPOS a", "UPOS b", "a - b", _ci_header(rows), "sentences"],
         [(r["a"], r["b"], r["split"], f"{float(r['upos_a']):.2f}", f"{float(r['upos_b']):.2f}",
           f"{float(r['diff']):+.2f}", f"[{float(r['ci_low']):+.2f}, {float(r['ci_high']):+.2f}]",
@@ -339,7 +344,7 @@ def plot_dev_curves(curves: Mapping[str, Iterable[tuple[int, float]]], target: s
     for name in sorted(curves):
         points = sorted(curves[name])
         if not points:
-            raise ValueError(f"run {name!r} has no development scores to plot")
+            raise EvaluationError(f"run {name!r} has no development scores to plot")
         steps, scores = zip(*points, strict=True)
         ax.plot(steps, scores, marker="o", markersize=3, linewidth=1.2, label=name)
     for name, value in sorted((references or {}).items()):

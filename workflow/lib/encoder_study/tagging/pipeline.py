@@ -1,9 +1,9 @@
 """The saved pipeline: a tagger's settings and weights in one safetensors file, the encoder referenced.
 
-    save(tagger, "results/writeback/run/pipeline.safetensors")   # fine-tuned: + pipeline.encoder0.onnx
-    save(tagger, "results/tagging/run/pipeline.safetensors", training={...}, export_graphs=False)
+    save(tagger, "results/tagging/run/pipeline.safetensors", training={...})   # weights inline
     tagger = load("results/tagging/run/pipeline.safetensors")                    # the recorded model dir
     tagger = load("pipeline.safetensors", model_dir="results/models/minilm")     # or one given here
+    tagger = load("results/writeback/run/pipeline.safetensors")                  # + pipeline.encoder0.onnx
 
 What a file holds, by kind and format:
 
@@ -13,15 +13,16 @@ What a file holds, by kind and format:
 | `transformer` | /2 | `FrozenEncoder` on `<stem>.encoder0.onnx` beside the file | the head only |
 | `transformer-trainable` | /1 | `TrainableEncoder` (trains on) | the head, the layers (no frozen table) |
 
-A tagger whose encoder is fine-tuned is saved, by default, as format /2: its weights are written into a
-copy of the graph they were read from (`writeback.patch`), `<stem>.encoder0.onnx` beside the pipeline
-file (stem: the file name without its suffix), and the pipeline file refers to it by that plain file
-name and its SHA-256. It loads as a frozen encoder in ONNX Runtime with the pooling and max length the
-run used, several times faster than the trainable modules, and no longer trains. The two files travel
-together: a missing or changed graph is refused, naming both files. `export_graphs=False` keeps the
-weights inside the file (format /1, as before /2 existed), which loads as a trainable encoder again.
-Files without a written graph stay format /1, so code that predates /2 still reads them and refuses
-the /2 files it could not run correctly.
+`save` keeps a fine-tuned encoder's weights inside the file (format /1), which loads as a trainable
+encoder again. The writeback recipe (`encoder_study.writeback.save_with_graph`) writes them instead
+into a copy of the graph they were read from, `<stem>.encoder0.onnx` beside the pipeline file (stem:
+the file name without its suffix), through `save_pair`; the pipeline file (format /2) refers to it by
+that plain file name and its SHA-256. It loads as a frozen encoder in ONNX Runtime with the pooling and
+max length the run used, several times faster than the trainable modules, and no longer trains;
+loading it needs only the frozen encoder. The two files travel together: a missing or changed graph
+is refused, naming both files, and `save` of a tagger loaded from a /2 file copies its graph. Files
+without a written graph stay format /1, so code that predates /2 still reads them and refuses the /2
+files it could not run correctly.
 
 Every file references the exported model's files (model.onnx, tokenizer.json, model.config.json) by
 plain file name and SHA-256. The directory they are read from is the one given to `load`, else the one
@@ -36,8 +37,8 @@ their raw little-endian data. torch.save writes a zip of pickles whose bytes dep
 pickles and on storage bookkeeping, so equal weights need not give equal files. The settings are one
 JSON string (sorted keys) under the single metadata key `encoder_study.pipeline`; one key, because
 the header's metadata is a map whose order the library does not promise. The written graph is a
-function of the weights too (`writeback.patch` copies every other byte), so equal weights give equal
-bytes in both files.
+function of the weights too (the patcher copies every other byte), so equal weights give equal bytes
+in both files.
 """
 
 from __future__ import annotations
@@ -137,71 +138,63 @@ def describe(tagger: Tagger, model_dir_relative: str, graph: dict | None = None
 
 @dataclass
 class Saved:
-    """What `write` wrote: the pipeline file, and the graph beside it with the patch's report."""
+    """What `save_pair` wrote: the pipeline file, and the graph beside it with what wrote it."""
 
     path: Path
     graph: Path | None = None
-    report: object | None = None  # writeback.PatchReport when weights were written into a graph
+    report: object | None = None  # what `write_graph` returned (the patcher's report for written weights)
 
 
-def save(tagger: Tagger, path: str | os.PathLike, training: dict | None = None,
-         export_graphs: bool = True) -> Path:
+def save(tagger: Tagger, path: str | os.PathLike, training: dict | None = None) -> Path:
     """Write the pipeline atomically; `training` (JSON-ready) is kept in the settings for provenance.
 
-    A fine-tuned encoder goes into `<stem>.encoder0.onnx` beside `path` unless `export_graphs` is
-    False (then its weights stay in the file); see the module docstring. Equal weights and settings
-    give equal bytes.
+    A fine-tuned encoder's weights stay in the file (format /1); a tagger loaded from a /2 file is
+    saved with a copy of its graph (see the module docstring). Equal weights and settings give equal
+    bytes.
     """
-    return write(tagger, path, training, export_graphs).path
-
-
-def write(tagger: Tagger, path: str | os.PathLike, training: dict | None = None,
-          export_graphs: bool = True) -> Saved:
-    """`save`, returning what was written (the graph and the patch report too)."""
     from safetensors.torch import save as to_bytes
 
     path = Path(path)
-    relative = Path(os.path.relpath(Path(tagger.encoder.model_dir).resolve(), path.resolve().parent))
     source = _written_graph(tagger.encoder)  # a written graph can only be copied: there are no modules
-    if source is None and not (tagger.trainable_encoder and export_graphs):
-        settings, tensors = describe(tagger, relative.as_posix())
-        if training is not None:
-            settings["training"] = training
-        data = to_bytes(tensors, metadata={METADATA_KEY: json.dumps(settings, sort_keys=True,
-                                                                     ensure_ascii=False)})
-        with files.atomic_path(path) as tmp:
-            tmp.write_bytes(data)
-        return Saved(path)
+    if source is not None:
+        return save_pair(tagger, path, lambda tmp: shutil.copyfile(source, tmp), training).path
+    settings, tensors = describe(tagger, _relative_model_dir(tagger, path))
+    if training is not None:
+        settings["training"] = training
+    text = json.dumps(settings, sort_keys=True, ensure_ascii=False)
+    data = to_bytes(tensors, metadata={METADATA_KEY: text})
+    with files.atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return path
 
+
+def _relative_model_dir(tagger: Tagger, path: Path) -> str:
+    """The encoder's model directory relative to the pipeline file's directory (see the docstring)."""
+    return Path(os.path.relpath(Path(tagger.encoder.model_dir).resolve(), path.resolve().parent)).as_posix()
+
+
+def save_pair(tagger: Tagger, path: str | os.PathLike, write_graph, training: dict | None = None) -> Saved:
+    """Write the pipeline file (format /2) and, beside it, its graph: `write_graph(tmp)` writes the graph
+    to the temporary path it is given and returns what to report.
+
+    Both files stay under temporary names until both are complete. The contexts close in reverse: the
+    graph is renamed first, so a pipeline file never exists without its graph, and a failure before
+    the renames (the graph refused, the pipeline not serialisable) leaves neither file behind.
+    """
+    from safetensors.torch import save as to_bytes
+
+    path = Path(path)
     target = path.with_name(graph_name(path))
-    report = None
-    # Both files under temporary names until both are complete. The contexts close in reverse: the
-    # graph is renamed first, so a pipeline file never exists without its graph, and a failure before
-    # the renames (the patch refused, the pipeline not serialisable) leaves neither file behind.
     with files.atomic_path(path) as pipeline_tmp, files.atomic_path(target) as graph_tmp:
-        if source is None:
-            report = _patch(tagger.encoder, graph_tmp)
-        else:
-            shutil.copyfile(source, graph_tmp)
+        report = write_graph(graph_tmp)
         graph = {"file": target.name, "sha256": files.sha256_file(graph_tmp),
                  "bytes": graph_tmp.stat().st_size}
-        settings, tensors = describe(tagger, relative.as_posix(), graph)
+        settings, tensors = describe(tagger, _relative_model_dir(tagger, path), graph)
         if training is not None:
             settings["training"] = training
         text = json.dumps(settings, sort_keys=True, ensure_ascii=False)
         pipeline_tmp.write_bytes(to_bytes(tensors, metadata={METADATA_KEY: text}))
     return Saved(path, target, report)
-
-
-def _patch(encoder: TrainableEncoder, target: Path):
-    """Write the encoder's weights into a copy of the graph it was loaded from (checked unchanged)."""
-    from .. import writeback
-
-    source = encoder.model_dir / manifest.ONNX_FILE
-    # The weights are placed by the graph's names and layout: it must be the graph they were read from.
-    files.check_file(source, encoder.file_hashes[manifest.ONNX_FILE], what="the graph the encoder came from")
-    replacements = writeback.module_weights_to_graph(encoder.encoder, source)
-    return writeback.patch(source, target, replacements)
 
 
 def read(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -15,17 +15,16 @@ A run directory (results/tagging/<run>/) holds:
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import files
+from .. import files, tables
 from ..data import conllu
 from ..data.conllu import Sentence
+from ..errors import UserError
 from ..frozen import FrozenEncoder
 from ..trainable.words import TrainableEncoder
 from . import evaluate, pipeline
@@ -39,22 +38,26 @@ HISTORY_COLUMNS = ["step", "epoch", "train_loss", "dev_upos"]
 SPLITS = ("dev", "test")
 
 
+class RunError(UserError, ValueError):
+    """A run directory, predictions file or comparison that does not fit the others given."""
+
+
 def pred_path(out_dir: str | os.PathLike, split: str) -> Path:
     return Path(out_dir) / f"{split}.pred.conllu"
 
 
 @dataclasses.dataclass(frozen=True)
 class EncoderOptions:
-    """How the encoder is built (besides the model and the pooling)."""
+    """How the encoder is built (besides the model and the pooling); the config schema holds the defaults."""
 
-    max_length: int = 512
-    window_batch: int = 8            # frozen: windows per ONNX Runtime call
-    max_batch_pieces: int = 8192     # fine-tuned: padded pieces per forward batch
-    freeze_embeddings: bool = True   # fine-tuned: keep the token table out of training
+    max_length: int                  # pieces per window, specials included
+    window_batch: int                # frozen: windows per ONNX Runtime call
+    max_batch_pieces: int            # fine-tuned: padded pieces per forward batch
+    freeze_embeddings: bool          # fine-tuned: keep the token table out of training
 
 
-def build_tagger(model_dir: str | os.PathLike, mode: str, pooling: str, seed: int,
-                 options: EncoderOptions = EncoderOptions(), threads: int = 1) -> Tagger:
+def build_tagger(model_dir: str | os.PathLike, mode: str, pooling: str, seed: int, options: EncoderOptions,
+                 threads: int) -> Tagger:
     """A fresh tagger (seeded head) over the frozen or the trainable encoder of an exported model."""
     if mode == "frozen":
         encoder = FrozenEncoder(model_dir, pooling=pooling, max_length=options.max_length,
@@ -76,19 +79,13 @@ def score_split(sentences: Sequence[Sentence], predicted: Sequence[Sequence[str]
 
 
 def history_csv(history: Sequence[dict]) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(HISTORY_COLUMNS)
-    for row in history:  # repr: the shortest text that reads back as the same float
-        writer.writerow([row["step"], repr(float(row["epoch"])), repr(float(row["train_loss"])),
-                         repr(float(row["dev_upos"]))])
-    return out.getvalue()
+    """history.csv text: the floats (epoch, train_loss, dev_upos) as repr, the shortest exact text."""
+    return tables.csv_text(history, HISTORY_COLUMNS)
 
 
 def read_history(path: str | os.PathLike) -> list[tuple[int, float]]:
     """(step, dev_upos) points of a history.csv."""
-    with open(path, encoding="utf-8", newline="") as handle:
-        return [(int(r["step"]), float(r["dev_upos"])) for r in csv.DictReader(handle)]
+    return [(int(r["step"]), float(r["dev_upos"])) for r in tables.read_csv(path)]
 
 
 def read_splits(paths: dict[str, str | os.PathLike]) -> dict[str, list[Sentence]]:
@@ -110,16 +107,17 @@ class TrainedRun:
 
 
 def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[str, str | os.PathLike],
-              out_dir: str | os.PathLike, settings: TrainSettings, options: EncoderOptions = EncoderOptions(),
-              checkpoint: str | os.PathLike | None = None, chunk_steps: int = 0, resamples: int = 10_000,
-              bootstrap_seed: int = 0, progress: bool = False) -> TrainedRun:
+              out_dir: str | os.PathLike, settings: TrainSettings, options: EncoderOptions,
+              checkpoint: str | os.PathLike, chunk_steps: int, resamples: int, bootstrap_seed: int,
+              progress: bool) -> TrainedRun:
     """Train on paths["train"], select on paths["dev"], score dev and test once with the selected weights.
 
-    Raises `train.ChunkDone` when `chunk_steps` stops the run early (the checkpoint is written; call
-    again to continue). The checkpoint is removed once every output is written.
+    The training state is saved to `checkpoint` every `chunk_steps` steps (0: only when training ends)
+    and resumed from it when it exists, so a rerun after a crash goes on where the last save left off
+    and ends where an uninterrupted run ends. The checkpoint is removed once every output is written.
     """
     out_dir = Path(out_dir)
-    checkpoint = Path(checkpoint) if checkpoint is not None else out_dir / "checkpoint.pt"
+    checkpoint = Path(checkpoint)
     sentences = read_splits({split: paths[split] for split in ("train", *SPLITS)})
     # The thread count of training holds for the final predictions too, so that the development
     # predictions written are exactly the ones that selected the weights.
@@ -150,8 +148,7 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
     # Inline: the run's pipeline is the training reference (it can train further); the writeback recipe
     # writes the graph pipelines from it.
     pipeline.save(tagger, out_dir / pipeline.FILE_NAME, training={
-        k: record[k] for k in ("run", "mode", "settings", "encoder_options", "selected", "steps", "epochs")},
-        export_graphs=False)
+        k: record[k] for k in ("run", "mode", "settings", "encoder_options", "selected", "steps", "epochs")})
     evaluate.write_scores(out_dir / SCORES, rows)
     files.write_text(out_dir / HISTORY, history_csv(result.history))
     files.write_json(out_dir / RUN_JSON, record)
@@ -162,7 +159,7 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
 
 
 def baseline_run(run: str, paths: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
-                 resamples: int = 10_000, bootstrap_seed: int = 0) -> tuple[list[dict], list[Path]]:
+                 resamples: int, bootstrap_seed: int) -> tuple[list[dict], list[Path]]:
     """The most-frequent-tag baseline from train: dev and test predictions and scores."""
     out_dir = Path(out_dir)
     sentences = read_splits({split: paths[split] for split in ("train", *SPLITS)})
@@ -187,20 +184,15 @@ def baseline_run(run: str, paths: dict[str, str | os.PathLike], out_dir: str | o
 # Gathering
 
 
-def _read_csv(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8", newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
 def predicted_tags(gold: Sequence[Sentence], path: str | os.PathLike) -> list[tuple[str, ...]]:
     """The UPOS of a predictions file, checked to be the gold file's sentences and words."""
     predicted = conllu.read_conllu(path)
     if [s.sent_id for s in predicted] != [s.sent_id for s in gold]:
-        raise ValueError(f"{path}: not the predictions of the gold file given for its split (other "
+        raise RunError(f"{path}: not the predictions of the gold file given for its split (other "
                          "sentences or another order); give the gold file the run was scored on")
     for p, g in zip(predicted, gold, strict=True):
         if [w.form for w in p.words] != [w.form for w in g.words]:
-            raise ValueError(f"{path}: sentence {p.sent_id!r} has other words than the gold file's")
+            raise RunError(f"{path}: sentence {p.sent_id!r} has other words than the gold file's")
     return [s.upos for s in predicted]
 
 
@@ -214,8 +206,8 @@ class Gathered:
 
 def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathLike],
            compare: Sequence[tuple[str, str]], scores_out: str | os.PathLike,
-           comparisons_out: str | os.PathLike | None = None, plot: str | os.PathLike | None = None,
-           references: Sequence[str] = (), resamples: int = 10_000, seed: int = 0) -> Gathered:
+           comparisons_out: str | os.PathLike | None, plot: str | os.PathLike | None,
+           references: Sequence[str], resamples: int, seed: int) -> Gathered:
     """Join the runs' scores, compare runs pairwise on every split of `gold`, plot the dev curves.
 
     `compare` holds (a, b) run names: each gives a row a - b per split with a paired bootstrap interval
@@ -230,20 +222,20 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
         record = read_record(run_dir / RUN_JSON)
         name = record["run"]
         if name in runs:
-            raise ValueError(f"run {name!r} is in both {runs[name]} and {run_dir}")
+            raise RunError(f"run {name!r} is in both {runs[name]} and {run_dir}")
         runs[name] = run_dir
-        scores += _read_csv(run_dir / SCORES)
+        scores += tables.read_csv(run_dir / SCORES)
         inputs += [run_dir / RUN_JSON, run_dir / SCORES]
     for a, b in compare:
         for name in (a, b):
             if name not in runs:
-                raise ValueError(f"comparison {a} - {b}: no run {name!r} among {sorted(runs)}")
+                raise RunError(f"comparison {a} - {b}: no run {name!r} among {sorted(runs)}")
     outputs = list(evaluate.write_scores(scores_out, scores))
 
     comparisons = []
     if compare:
         if comparisons_out is None:
-            raise ValueError("comparisons asked for without a comparisons file to write")
+            raise RunError("comparisons asked for without a comparisons file to write")
         for split, gold_path in sorted(gold.items()):
             gold_sentences = conllu.read_conllu(gold_path)
             inputs.append(Path(gold_path))
@@ -267,9 +259,9 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
         dev = {r["run"]: float(r["upos"]) for r in scores if r["split"] == "dev"}
         missing = [r for r in references if r not in dev]
         if missing:
-            raise ValueError(f"reference runs {missing} have no development score")
+            raise RunError(f"reference runs {missing} have no development score")
         if not curves:
-            raise ValueError("no run has a development history to plot")
+            raise RunError("no run has a development history to plot")
         evaluate.plot_dev_curves(curves, plot, references={r: dev[r] for r in references})
         outputs.append(Path(plot))
     return Gathered(scores=scores, comparisons=comparisons, inputs=inputs, outputs=outputs)
@@ -279,4 +271,4 @@ def read_record(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: cannot read the run's record ({err}); is this a run directory?") from err
+        raise RunError(f"{path}: cannot read the run's record ({err}); is this a run directory?") from err

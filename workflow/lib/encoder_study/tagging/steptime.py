@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import manifest, reference, trainable
+from .. import manifest, reference, tables, trainable
 from ..data.conllu import UPOS
 from ..errors import UserError
 
@@ -104,12 +104,12 @@ def time_steps(steppers: list[Stepper], ids, mask, gold, warmup: int, steps: int
             for per, stepper in zip(times, steppers, strict=True)]
 
 
-def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batch: int = 24,
-              length: int = 32, warmup: int = 2, steps: int = 5, lr: float = 5e-5, weight_decay: float = 0.01,
-              clip: float = 1.0, seed: int = 0) -> list[dict]:
+def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batch: int, length: int,
+              warmup: int, steps: int, lr: float, seed: int, weight_decay: float = 0.01,
+              clip: float = 1.0) -> list[dict]:
     """Rows (COLUMNS) for both implementations of one exported model; torch's thread count as set."""
     if steps < 1 or warmup < 0 or batch < 1 or length < 1:
-        raise ValueError("steps, batch and length must be positive and warmup 0 or more")
+        raise StepTimeError("steps, batch and length must be positive and warmup 0 or more")
     model_dir = Path(model_dir)
     record = manifest.verified_model(model_dir)
     source_dir, source = reference.source_dir(source_json)
@@ -132,9 +132,7 @@ def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batc
 
 
 def markdown(rows: list[dict]) -> str:
-    from ..provenance import markdown_table
-
-    return markdown_table(
+    return tables.markdown_table(
         ["model", "implementation", "forward", "backward", "clip", "optimizer", "total", "parameters"],
         [(r["model"], r["implementation"], *(f"{float(r[k]):.4f} s" for k in COLUMNS[2:7]),
           f"{int(r['parameters']):,}") for r in rows], "llrrrrrr")

@@ -1,8 +1,10 @@
-"""Training a tagger, frozen or fine-tuned, in resumable chunks that end bit for bit where one run ends.
+"""Training a tagger, frozen or fine-tuned, resumable from checkpoints bit for bit where one run ends.
 
-    settings = TrainSettings.for_mode("finetuned", max_steps=236, eval_every=50)
+    settings = TrainSettings(mode="finetuned", seed=0, lr=5e-5, weight_decay=0.01, epochs=0,
+                             max_steps=236, warmup=40, batch_words=500, eval_every=50,
+                             eval_batch_words=2000, clip=1.0, threads=1)
     result = train(tagger, train_sentences, dev_sentences, settings, checkpoint="run/checkpoint.pt",
-                   chunk_steps=100)   # raises ChunkDone after 100 steps; call again to go on
+                   chunk_steps=100)   # saves every 100 steps; after a crash, the same call resumes
 
 One loop serves both modes. A step takes the next batch of sentences, computes the cross-entropy of
 the head's logits for all their words, clips the gradient norm and takes an AdamW step; every
@@ -14,8 +16,13 @@ for a frozen encoder), and the test split is left to the caller, to be scored on
 - Frozen (`Tagger` over a `FrozenEncoder`): only the head trains. The encoder runs once per document:
   the train and development documents are encoded up front, and every epoch reads the cache.
 - Fine-tuned (`Tagger` over a `TrainableEncoder`): the encoder's layers and the head train together
-  under one learning rate (5e-5 by default, after a linear warm-up), the token table frozen unless
-  the encoder was built with `freeze_embeddings=False`.
+  under one learning rate (after a linear warm-up), the token table frozen unless the encoder was
+  built with `freeze_embeddings=False`.
+
+The settings have no defaults here: the workflow's config schema holds them, per mode
+(`tagging.defaults.frozen`, `tagging.defaults.finetuned`). A frozen encoder leaves a convex problem
+(logistic regression on fixed vectors), which takes a larger rate and several epochs; fine-tuning
+moves pretrained layers, which takes a small rate after a warm-up.
 
 Batches: each epoch draws a permutation of the train sentences from one seeded numpy Generator and
 groups sentences in that order until a batch holds `batch_words` words (`tagger.word_batches`).
@@ -27,7 +34,9 @@ reductions may add in another order on another count. The learning rate is a pur
 step (as in nanoGPT), so the step is the whole of the scheduler's state. A checkpoint holds the
 trainable weights, AdamW's state, the torch, numpy and Python random states, the epoch's batches and
 the position in them, the step, the best weights and the development history; a run resumed from it
-computes exactly what the uninterrupted run computes from that step on.
+computes exactly what the uninterrupted run computes from that step on. Writing a checkpoint changes
+nothing of the state, so a run that saves every K steps and goes on computes what one that never
+saves computes; a crash costs at most the steps since the last save.
 """
 
 from __future__ import annotations
@@ -49,31 +58,19 @@ import torch.nn.functional as F
 
 from .. import files
 from ..data.conllu import UPOS, Sentence
+from ..errors import UserError
 from ..files import CheckpointError  # noqa: F401 -- what resuming raises; callers import it from here
 from ..trainable.common import determinism
-from .tagger import EVAL_BATCH_WORDS, Tagger, word_batches
+from .tagger import Tagger, word_batches
 
 CHECKPOINT_FORMAT = "encoder_study.tagging.train/1"
 MODES = ("frozen", "finetuned")
 TAG_INDEX = {tag: i for i, tag in enumerate(UPOS)}
-# Defaults that differ by mode; everything else is shared. A frozen encoder leaves a convex problem
-# (logistic regression on fixed vectors), which takes a larger rate and several epochs; fine-tuning
-# moves pretrained layers, which takes a small rate after a warm-up (the rate the seed recipe used).
-MODE_DEFAULTS = {
-    "frozen": {"lr": 1e-3, "epochs": 10, "max_steps": 0, "warmup": 0, "eval_every": 0},
-    "finetuned": {"lr": 5e-5, "epochs": 1, "max_steps": 0, "warmup": 40, "eval_every": 50},
-}
 ENCODE_SLICE = 1024  # documents per frozen-encoder call while filling the cache (a progress unit)
 
 
-class ChunkDone(Exception):  # noqa: N818 -- not an error: the chunk ended as asked
-    """The chunk's steps are done and the checkpoint is written; calling `train` again goes on."""
-
-    def __init__(self, step: int, total: int | None, path: Path):
-        self.step, self.total, self.path = step, total, path
-        of = f" of {total}" if total else ""
-        super().__init__(f"stopped after step {step}{of}; checkpoint {path}: run the same command again "
-                         "to continue")
+class TrainingError(UserError, ValueError):
+    """Settings or data training cannot run with (a config value, an empty split)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,44 +82,31 @@ class TrainSettings:
     """
 
     mode: str
-    seed: int = 0
-    lr: float = 5e-5
-    weight_decay: float = 0.01
-    epochs: int = 0
-    max_steps: int = 0
-    warmup: int = 0
-    batch_words: int = 500
-    eval_every: int = 0
-    eval_batch_words: int = EVAL_BATCH_WORDS
-    clip: float = 1.0
-    threads: int = 1
-
-    @classmethod
-    def for_mode(cls, mode: str, **overrides) -> TrainSettings:
-        """The mode's defaults (`MODE_DEFAULTS`), with every override that is not None.
-
-        A `max_steps` given without `epochs` lifts the default epoch limit: the steps decide.
-        """
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-        given = {k: v for k, v in overrides.items() if v is not None}
-        if given.get("max_steps") and "epochs" not in given:
-            given["epochs"] = 0
-        return cls(mode=mode, **{**MODE_DEFAULTS[mode], **given})
+    seed: int
+    lr: float
+    weight_decay: float
+    epochs: int
+    max_steps: int
+    warmup: int
+    batch_words: int
+    eval_every: int
+    eval_batch_words: int
+    clip: float
+    threads: int
 
     def __post_init__(self):
         if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
+            raise TrainingError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
         for name in ("epochs", "max_steps", "warmup", "eval_every"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
+                raise TrainingError(f"{name} must be 0 or more, got {getattr(self, name)}")
         for name in ("batch_words", "eval_batch_words", "threads"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise TrainingError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.epochs and not self.max_steps:
-            raise ValueError("training needs an end: set epochs or max_steps (or both)")
+            raise TrainingError("training needs an end: set epochs or max_steps (or both)")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
+            raise TrainingError(f"lr must be a positive number, got {self.lr}")
 
     def lr_at(self, step: int) -> float:
         """Learning rate of step `step` (0-based): linear warm-up over `warmup` steps, then constant."""
@@ -162,17 +146,18 @@ def train(tagger: Tagger, train_sentences: Sequence[Sentence], dev_sentences: Se
     With `checkpoint`, an existing checkpoint there is resumed (it must come from the same settings,
     encoder and data), and the finished state is written there at the end, so a failure after training
     does not cost the training (delete the file once the outputs are safe). With `chunk_steps` K > 0,
-    the call stops after K steps, writes the checkpoint and raises `ChunkDone`. `progress` shows a tqdm
-    bar on stderr.
+    the state is also written there every K steps and training goes on: a crash then costs at most K
+    steps, and the same call resumes. `progress` reports on stderr: a tqdm bar on a terminal, else one
+    line per development evaluation (a log file reads those).
     """
     expected = "frozen" if tagger.kind == "transformer" else "finetuned"
     if settings.mode != expected:
-        raise ValueError(f"settings for mode {settings.mode!r}, but the tagger's encoder is {tagger.kind!r} "
-                         f"(mode {expected!r})")
+        raise TrainingError(f"settings for mode {settings.mode!r}, but the tagger's encoder is "
+                            f"{tagger.kind!r} (mode {expected!r})")
     if chunk_steps < 0:
-        raise ValueError(f"chunk_steps must be 0 or more, got {chunk_steps}")
+        raise TrainingError(f"chunk_steps must be 0 or more, got {chunk_steps}")
     if chunk_steps and checkpoint is None:
-        raise ValueError("training in chunks needs a checkpoint path to continue from")
+        raise TrainingError("saving every chunk_steps steps needs a checkpoint path")
     with determinism(settings.threads):
         run = _Run(tagger, train_sentences, dev_sentences, settings,
                    None if checkpoint is None else Path(checkpoint))
@@ -185,7 +170,7 @@ class _Run:
     def __init__(self, tagger: Tagger, train_sentences, dev_sentences, settings: TrainSettings,
                  checkpoint: Path | None):
         if not train_sentences or not dev_sentences:
-            raise ValueError("training needs train and development sentences")
+            raise TrainingError("training needs train and development sentences")
         self.tagger, self.settings, self.checkpoint = tagger, settings, checkpoint
         self.train_docs = [s.doc() for s in train_sentences]
         self.train_gold = [gold_ids(s) for s in train_sentences]
@@ -229,8 +214,9 @@ class _Run:
         if not self.tagger.trainable_encoder:
             self.fill_cache(progress, desc)
         start, started = self.step, time.perf_counter()
-        bar = tqdm(total=self.expected_steps(), initial=self.step, desc=desc, unit="step", file=sys.stderr,
-                   disable=not progress, dynamic_ncols=True)
+        total = self.expected_steps()
+        bar = tqdm(total=total, initial=self.step, desc=desc, unit="step", file=sys.stderr,
+                   disable=not (progress and sys.stderr.isatty()), dynamic_ncols=True)
         try:
             while not self.finished():
                 if self.position == len(self.batches):
@@ -242,13 +228,14 @@ class _Run:
                     self.epochs_done += 1
                 if self.evaluation_due():
                     self.evaluate()
+                    if progress and bar.disable:
+                        self.report(desc, total, start, started)
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", dev=f"{self.history[-1]['dev_upos']:.2f}"
                                 if self.history else "-", refresh=False)
-                if chunk_steps and self.step - start >= chunk_steps and not self.finished():
-                    self.chunks.append(self.chunk_record(start, started))
-                    self.save(self.checkpoint)
-                    raise ChunkDone(self.step, self.settings.max_steps or None, self.checkpoint)
+                if chunk_steps and self.step % chunk_steps == 0 and not self.finished():
+                    # A crash from here on resumes at this step; the record counts this invocation.
+                    self.save(self.checkpoint, running=self.chunk_record(start, started))
         finally:
             bar.close()
         if self.step > start:
@@ -260,6 +247,15 @@ class _Run:
                            best_dev_upos=self.best["dev_upos"], history=list(self.history),
                            chunks=list(self.chunks), resumed_from=self.resumed_from)
 
+    def report(self, desc: str, total: int, start: int, started: float) -> None:
+        """One plain line per development evaluation, for a log file: step, loss, dev score, times."""
+        last = self.history[-1]
+        elapsed = time.perf_counter() - started
+        left = elapsed / (self.step - start) * max(total - self.step, 0)
+        print(f"{desc}: step {self.step}/{total}, train loss {last['train_loss']:.4f}, dev UPOS "
+              f"{last['dev_upos']:.2f}, {elapsed:.0f} s elapsed, about {left:.0f} s left", file=sys.stderr,
+              flush=True)
+
     def fill_cache(self, progress: bool, desc: str) -> None:
         """Run the frozen encoder over every train and development document once, in fixed slices.
 
@@ -270,7 +266,8 @@ class _Run:
 
         docs = self.train_docs + self.dev_docs
         for start in tqdm(range(0, len(docs), ENCODE_SLICE), desc=f"{desc}: encode", unit="slice",
-                          file=sys.stderr, disable=not progress, dynamic_ncols=True):
+                          file=sys.stderr, disable=not (progress and sys.stderr.isatty()),
+                          dynamic_ncols=True):
             self.tagger.encoder(docs[start:start + ENCODE_SLICE])
 
     def expected_steps(self) -> int | None:
@@ -329,7 +326,7 @@ class _Run:
 
     # -- checkpoints -----------------------------------------------------------------------------------
 
-    def state(self) -> dict:
+    def state(self, running: dict | None = None) -> dict:
         return {
             "format": CHECKPOINT_FORMAT,
             "settings": dataclasses.asdict(self.settings),
@@ -341,11 +338,13 @@ class _Run:
             "rng": {"torch": torch.get_rng_state(), "numpy": self.rng.bit_generator.state,
                     "python": random.getstate()},
             "best": self.best, "history": self.history,
-            "loss": [self.loss_sum, self.loss_count], "chunks": self.chunks,
+            "loss": [self.loss_sum, self.loss_count],
+            "chunks": self.chunks + ([running] if running else []),
         }
 
-    def save(self, path: Path) -> None:
-        files.write_torch(path, self.state())
+    def save(self, path: Path, running: dict | None = None) -> None:
+        """Write the state; `running`: the record of the invocation still training, if it goes on."""
+        files.write_torch(path, self.state(running))
 
     def load(self, path: Path) -> None:
         state = files.read_checkpoint(path, CHECKPOINT_FORMAT, "tagger training checkpoint")

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import torch
 
 from .. import files
+from ..onnx.names import table_prefix
 from . import modernbert, postnorm
 from .common import Encoder
 from .graph import Graph, GraphError, read_weights
@@ -29,7 +29,6 @@ from .postnorm import PostNormEncoder, PostNormSettings
 FAMILIES = {"postnorm": (postnorm, PostNormEncoder, PostNormSettings),
             "modernbert": (modernbert, ModernBertEncoder, ModernBertSettings)}
 CHECKPOINT_FORMAT = "encoder_study.trainable/1"
-_TABLE = re.compile(r"^(.*?)embeddings\.(word|tok)_embeddings\.weight$")
 
 __all__ = ["Encoder", "Graph", "GraphError", "ModernBertEncoder", "ModernBertSettings", "PostNormEncoder",
            "PostNormSettings", "checkpoint", "detect_family", "load", "read_weights", "restore", "save"]
@@ -62,7 +61,7 @@ def detect_family(names) -> str:
         return "modernbert"
     if postnorm.TOKENS in names and "encoder.layer.0.attention.self.query.weight" in names:
         return "postnorm"
-    if postnorm.TOKENS in names and postnorm.PROJECTION in names:
+    if postnorm.TOKENS in names and postnorm.is_student(names):
         return "postnorm"
     raise GraphError("cannot tell the family from the weight names (e.g. "
                      f"{sorted(names)[:4]}); give family='postnorm' or family='modernbert'")
@@ -71,11 +70,7 @@ def detect_family(names) -> str:
 def _module_weights(graph: Graph) -> tuple[dict, str]:
     """The graph's weights with the wrapper prefix (`model.`, or `model.bert.` ...) removed."""
     weights = graph.weights()
-    prefixes = {m.group(1) for name in weights if (m := _TABLE.match(name))}
-    if len(prefixes) != 1:
-        raise GraphError(f"{graph.path}: expected one token embedding table (…embeddings.word_embeddings or "
-                         f"…embeddings.tok_embeddings), found {len(prefixes)}")
-    prefix = prefixes.pop()
+    prefix = table_prefix(graph.path, weights)
     return {name[len(prefix):]: value for name, value in weights.items() if name.startswith(prefix)}, prefix
 
 

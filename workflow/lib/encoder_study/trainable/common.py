@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import machine
 from .graph import Graph, GraphError
 
 # Sequences shorter than this are padded (with masked keys) before they run. PyTorch's CPU softmax sums
@@ -30,7 +30,7 @@ def determinism(threads: int):
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     threads_before = torch.get_num_threads()
     torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.set_num_threads(min(threads, os.cpu_count() or 1))
+    torch.set_num_threads(machine.usable_threads(threads))
     try:
         yield
     finally:

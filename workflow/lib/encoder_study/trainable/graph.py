@@ -1,17 +1,9 @@
 """Weights and a few constants read back from an ONNX graph written by PyTorch's TorchScript exporter.
 
-What such a graph looks like (`torch.onnx.export(..., dynamo=False, do_constant_folding=True)`):
-
-- Biases, norms and embedding tables keep their module names (`model.embeddings.LayerNorm.weight`).
-- Constant folding turns every `nn.Linear` weight into `Transpose(weight)`, stored as an anonymous
-  initializer `onnx::MatMul_N` of shape [in, out]. The `MatMul` node that consumes it keeps the module's
-  scope in its name (`/model/encoder/layer.0/attention/self/query/MatMul`), which gives the name back.
-- Equal tensors are stored once; every other name for them is the output of an `Identity` node.
-- Buffers and other traced constants (rotary `inv_freq`, position ids) are `Constant` nodes.
-
-Graphs made another way (the dynamo exporter, ONNX Runtime's optimiser, other converters) name
-things differently, and weights read from them by these rules could be silently wrong, so they are
-refused with a message instead.
+The graph is loaded whole with onnx; its weights are named by the exporter's rules, which
+`encoder_study.onnx.names` owns (read there what such a graph looks like and what is refused).
+Besides the weights, the trainable modules read a few constants the export traced (layer-norm
+epsilons, position schemes, rotary tables) through this class.
 """
 
 from __future__ import annotations
@@ -21,26 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
+from ..onnx import names
+from ..onnx.names import ANONYMOUS, REEXPORT, GraphError, module_scope
 
-ANONYMOUS = "onnx::"  # prefix of the TorchScript exporter's unnamed values
-REEXPORT = ("Export the model again with encoder_study.export (torch.onnx.export(..., dynamo=False, "
-            "do_constant_folding=True) on a module that wraps the Hugging Face model).")
-
-
-class GraphError(UserError, ValueError):
-    """The graph cannot be read by these rules; the message says why and what to do."""
-
-
-def module_scope(node_name: str) -> str | None:
-    """`/model/encoder/layer.0/attention/self/query/MatMul` -> `model.encoder.layer.0.attention.self.query`.
-
-    None for a node name without a scope (`MatMul_7`, dynamo's `node_linear`).
-    """
-    if not node_name.startswith("/"):
-        return None
-    parts = node_name.strip("/").split("/")
-    return ".".join(parts[:-1]) or None
+__all__ = ["ANONYMOUS", "REEXPORT", "Graph", "GraphError", "module_scope", "read_weights"]
 
 
 class Graph:
@@ -63,10 +39,17 @@ class Graph:
         for node in self.nodes:
             for name in node.input:
                 self.consumers.setdefault(name, []).append(node)
-        self._check_origin()
+        self._refuse_external()
+        scoped = any(node.name.startswith("/") for node in self.nodes)
+        self.layout = names.Layout(
+            self.path, self.model.producer_name, {t.name: t.data_type for t in graph.initializer},
+            [names.Node(n.op_type, n.name, list(n.input), list(n.output)) for n in self.nodes
+             if n.op_type in ("Identity", "MatMul")],
+            scoped, dynamo=not scoped and self._looks_dynamo())
+        names.check_origin(self.layout)
 
     # -- refusals -----------------------------------------------------------------------------------
-    def _check_origin(self) -> None:
+    def _refuse_external(self) -> None:
         from onnx import TensorProto
 
         external = [t.name for t in self.model.graph.initializer if t.data_location == TensorProto.EXTERNAL]
@@ -77,31 +60,17 @@ class Graph:
                 "not cover them and they could change unnoticed; this loader reads single-file graphs only. "
                 "Merge them into one file with onnx.save(onnx.load(path), out_path, "
                 f"save_as_external_data=False) (graphs under 2 GiB). {REEXPORT}")
-        producer = self.model.producer_name
-        if producer != "pytorch":
-            raise GraphError(
-                f"{self.path}: written by {producer or 'an unnamed producer'!r}, not by PyTorch's "
-                "TorchScript exporter; weight names are recovered from that exporter's node scopes, "
-                f"which other tools do not keep. {REEXPORT}")
-        if not any(node.name.startswith("/") for node in self.nodes):
-            dynamo = any(p.key.startswith("pkg.torch") for node in self.nodes for p in node.metadata_props)
-            dynamo = dynamo or any(o.domain.startswith("pkg.onnxscript") for o in self.model.opset_import)
-            how = ("it looks like a dynamo export (torch.onnx.export(..., dynamo=True)), whose node names "
-                   "carry no module scopes" if dynamo else
-                   "no node name carries a module scope such as /model/encoder/layer.0/...")
-            raise GraphError(f"{self.path}: not a TorchScript export: {how}. {REEXPORT}")
+
+    def _looks_dynamo(self) -> bool:
+        """Whether the graph carries the dynamo exporter's marks (for the refusal's wording only)."""
+        if any(p.key.startswith("pkg.torch") for node in self.nodes for p in node.metadata_props):
+            return True
+        return any(o.domain.startswith("pkg.onnxscript") for o in self.model.opset_import)
 
     # -- values -------------------------------------------------------------------------------------
     def resolve(self, name: str) -> str:
         """Follow `Identity` nodes (the exporter's stand-ins for equal tensors) back to the stored name."""
-        seen = set()
-        while name not in self.initializers and name in self.producer:
-            node = self.producer[name]
-            if node.op_type != "Identity" or name in seen:
-                break
-            seen.add(name)
-            name = node.input[0]
-        return name
+        return self.layout.resolve(name)
 
     def constant(self, name: str) -> np.ndarray | None:
         """The value of `name` when it is an initializer or a `Constant` node's output, else None."""
@@ -117,60 +86,26 @@ class Graph:
                     return numpy_helper.to_array(attr.t)
         return None
 
-    def _float32(self, name: str, stored: str) -> np.ndarray:
-        from onnx import TensorProto, numpy_helper
-
-        tensor = self.initializers[stored]
-        if tensor.data_type != TensorProto.FLOAT:
-            kind = TensorProto.DataType.Name(tensor.data_type).lower()
-            raise GraphError(f"{self.path}: {name} is stored as {kind}; the trainable modules read float32 "
-                             "graphs: export the model in float32")
-        return numpy_helper.to_array(tensor)
-
     def weights(self) -> dict[str, np.ndarray]:
-        """Every float32 parameter under its module name, linear weights in torch's [out, in] layout.
+        """Every float32 parameter under its module name (`names.weight_names`), linear weights in
+        torch's [out, in] layout.
 
         Names shared through `Identity` map to the same array; callers copy before training so that
         weights that merely started equal do not stay tied.
         """
-        from onnx import TensorProto
+        from onnx import numpy_helper
 
-        integer = {TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL}  # buffers, not parameters
-        named: dict[str, str] = {}  # module name -> stored initializer
-        for name, tensor in self.initializers.items():
-            if not name.startswith(ANONYMOUS) and tensor.data_type not in integer:
-                named[name] = name
-        for node in self.nodes:
-            if node.op_type == "Identity" and not node.output[0].startswith(ANONYMOUS):
-                stored = self.resolve(node.output[0])
-                if stored in named.values():
-                    named[node.output[0]] = stored
         arrays: dict[str, np.ndarray] = {}  # one array per stored tensor
-        out = {}
-        for name, stored in named.items():
-            if stored not in arrays:
-                arrays[stored] = self._float32(name, stored)
-            out[name] = arrays[stored]
 
-        for node in self.nodes:
-            if node.op_type != "MatMul" or len(node.input) != 2:
-                continue
-            stored = self.resolve(node.input[1])
-            if stored not in self.initializers or not stored.startswith(ANONYMOUS):
-                continue
-            scope = module_scope(node.name)
-            if scope is None:
-                raise GraphError(
-                    f"{self.path}: the weight {stored!r} is consumed by node {node.name!r}, whose name "
-                    "carries no module scope, so the weight's module cannot be named (the TorchScript "
-                    f"exporter names it like /model/encoder/layer.0/attention/self/query/MatMul). {REEXPORT}")
-            name = scope + ".weight"
-            # Stored [in, out] for MatMul; nn.Linear keeps [out, in].
-            weight = np.ascontiguousarray(self._float32(name, stored).T)
-            if name in out and not np.array_equal(out[name], weight):
-                raise GraphError(f"{self.path}: two different weights claim the module name {name!r}; "
-                                 "the graph does not follow the exporter's one-MatMul-per-Linear pattern")
-            out[name] = weight
+        def read(stored: str) -> np.ndarray:
+            if stored not in arrays:
+                arrays[stored] = numpy_helper.to_array(self.initializers[stored])
+            return arrays[stored]
+
+        found = names.weight_names(self.layout, read)
+        out = {name: read(stored) for name, stored in found.named.items()}
+        for name, stored in found.linear_stored.items():  # stored [in, out] for MatMul; nn.Linear [out, in]
+            out[name] = np.ascontiguousarray(read(stored).T)
         return out
 
     def norm_epsilons(self) -> dict[str, float]:

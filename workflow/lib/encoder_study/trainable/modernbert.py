@@ -126,7 +126,7 @@ class ModernBertEncoder(Encoder):
         return self.final_norm(x)
 
 
-def _names(layers: int) -> dict[str, str]:
+def weight_names(layers: int) -> dict[str, str]:
     """Our parameter name -> the Hugging Face name the graph uses (prefix removed)."""
     names = {"tokens.weight": TOKENS, "norm.weight": "embeddings.norm.weight",
              "final_norm.weight": "final_norm.weight"}
@@ -249,5 +249,5 @@ def from_graph(graph: Graph, weights: dict, prefix: str, config: dict, *, heads:
         global_rope_theta=glob, local_rope_theta=loc, freeze_embeddings=freeze_embeddings)
     encoder = ModernBertEncoder(settings)
     # Refuses biases and a layer-0 attention norm too: nothing here would read them.
-    copy_weights(encoder, weights, _names(layers), graph.path)
+    copy_weights(encoder, weights, weight_names(layers), graph.path)
     return encoder

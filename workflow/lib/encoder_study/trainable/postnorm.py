@@ -6,7 +6,8 @@ Token + learned position embeddings, layer norm, then post-norm layers:
 with biases everywhere and exact (erf) GELU. The reference is transformers' modeling_bert.py.
 
 The distilled student (encoder_study.distill) is this family with a factorised token table; its graph
-names every weight itself, linear weights stored [in, out] (`student_names`, `_from_student_graph`).
+names every weight itself, linear weights stored [in, out]. This module owns that layout (`is_student`,
+`student_names`, `student_linear`, `_from_student_graph`).
 """
 
 from __future__ import annotations
@@ -111,8 +112,9 @@ class PostNormEncoder(Encoder):
         return x
 
 
-def _names(layers: int) -> dict[str, str]:
-    """Our parameter name -> the Hugging Face name the graph uses (prefix removed)."""
+def weight_names(layers: int) -> dict[str, str]:
+    """Our parameter name -> the Hugging Face name the graph uses (prefix removed); `positions` is read
+    from two tables (see `from_graph`), so it has no name here."""
     names = {"tokens.weight": TOKENS, "norm.weight": "embeddings.LayerNorm.weight",
              "norm.bias": "embeddings.LayerNorm.bias"}
     parts = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
@@ -166,7 +168,7 @@ def from_graph(graph: Graph, weights: dict, prefix: str, config: dict, *, heads:
                freeze_embeddings: bool = True) -> PostNormEncoder:
     """Build the encoder from the graph's weights and constants (see `position_scheme`, `norm_epsilons`)."""
     check_graph_gelu(graph)
-    if PROJECTION in weights:
+    if is_student(weights):
         return _from_student_graph(graph, weights, prefix, config, heads, freeze_embeddings)
     tokens = weights[TOKENS]
     layers = 1 + max(int(n.split(".")[2]) for n in weights if n.startswith("encoder.layer."))
@@ -183,13 +185,24 @@ def from_graph(graph: Graph, weights: dict, prefix: str, config: dict, *, heads:
         eps=epsilons.pop(), position_offset=offset, position_pad_id=pad_id,
         freeze_embeddings=freeze_embeddings)
     encoder = PostNormEncoder(settings)
-    copy_weights(encoder, weights, _names(layers), graph.path, also_used=(POSITIONS, TOKEN_TYPES))
+    copy_weights(encoder, weights, weight_names(layers), graph.path, also_used=(POSITIONS, TOKEN_TYPES))
     positions = torch.from_numpy(weights[POSITIONS].copy())
     if TOKEN_TYPES in weights:
         positions = positions + torch.from_numpy(weights[TOKEN_TYPES][0].copy())
     with torch.no_grad():
         encoder.positions.copy_(positions)
     return encoder
+
+
+# -- the distilled student's layout: the one owner of its names --------------------------------------
+# encoder_study.distill.export writes this layout, `_from_student_graph` reads it, trainable's family
+# detection and encoder_study.writeback recognise it with `is_student`, and the writeback stage writes
+# weights back into it with `student_names` and `student_linear`.
+
+def is_student(names, prefix: str = "") -> bool:
+    """Whether weights named `names` (with the wrapper `prefix`, or without) are a distilled student's:
+    its factorised token table is lifted by `embeddings.projection`, which no Hugging Face model has."""
+    return prefix + PROJECTION in names
 
 
 # The student's names (after the wrapper prefix), ours -> theirs; see encoder_study.distill.export.

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import files, manifest, trainable
+from .. import files, machine, manifest, trainable
 from ..frozen import EncoderError, open_export
 from ..runtime import usable_positions
 from ..tokens import Doc, DocPieces, PieceTokenizer, check_pooling
@@ -63,7 +63,7 @@ class TrainableEncoder(nn.Module):
     `max_length` counts the special tokens and is capped at the model's positions, as in
     `FrozenEncoder`; `max_batch_pieces` must hold at least one window of that length. The token table
     is frozen unless `freeze_embeddings=False`. `threads`, when given, sets PyTorch's intra-op thread
-    count for the whole process (capped at os.cpu_count()). `load_options` go to `trainable.load`
+    count for the whole process (capped at the machine's cores). `load_options` go to `trainable.load`
     (family, heads, rotary bases, window, global_every).
     """
 
@@ -100,7 +100,7 @@ class TrainableEncoder(nn.Module):
         self.tokenizer.window_size(self.max_length)  # fail now, not on the first long document
         self.threads_requested = threads
         if threads is not None:
-            torch.set_num_threads(min(threads, os.cpu_count() or 1))
+            machine.torch_threads(threads)
         self.windows_run = 0
 
     def _check_encoder(self) -> None:

@@ -1,0 +1,170 @@
+"""`encoder-study student train|export|parity`: the student recipe (library: encoder_study.distill).
+
+    encoder-study student train --teacher-dir results/models/minilm --tatoeba T --udhr U \\
+        --student '{"layers": 3, ...}' --training '{"steps": 300, "chunk_steps": 150, ...}' \\
+        --checkpoint results/checkpoints/student/distill.pt --out results/student/student.pt \\
+        --loss-log results/student/training.csv --plot results/student/training.png --threads 1 --provenance P
+    encoder-study student export --student results/student/student.pt --teacher-dir results/models/minilm \\
+        --out-dir results/models/student --name student --opset 17 --tolerance 1e-4 \\
+        --ort-optimization all --threads 1 --provenance P
+    encoder-study student parity --student results/student/student.pt --export-dir results/models/student \\
+        --texts results/texts/parity_texts.jsonl --out results/student/parity.csv --threads 1 --provenance P
+
+`train` saves its checkpoint every `chunk_steps` steps and goes on; run after a crash, it resumes from
+the checkpoint, and once every output is written it removes it. Under `torchrun` every rank runs
+the command and only rank 0 writes outputs, the provenance fragment, and removes the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from pathlib import Path
+
+from .. import manifest, provenance
+
+TEACHER_FILES = (manifest.ONNX_FILE, manifest.TOKENIZER_FILE, manifest.CONFIG_FILE, manifest.MANIFEST)
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err}): {text[:80]!r}") from err
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text[:80]!r}")
+    return value
+
+
+def _short(value):
+    return f"{value:.4g}" if isinstance(value, float) else value
+
+
+def train(args) -> int:
+    from .. import machine, tables
+    from ..distill import data
+    from ..distill import train as distill
+
+    threads = machine.torch_threads(args.threads)
+    training = {**args.training, "threads": threads}
+    shown = {**provenance.settings(args, ("student", "training", "streams", "amounts")),
+             "student": json.dumps(args.student, sort_keys=True),
+             "training": json.dumps(training, sort_keys=True),
+             "world size": os.environ.get("WORLD_SIZE", "1")}
+    rank_zero = int(os.environ.get("RANK", "0")) == 0
+    # Ranks other than 0 train alongside and write nothing, not even the fragment.
+    fragment = provenance.Fragment(args.provenance, shown, threads=threads)
+    with fragment if rank_zero else contextlib.nullcontext() as frag:
+        if args.streams:
+            sources = [data.StreamSource.from_dict(s) for s in args.streams]
+            documents, amounts = list(data.streamed_documents(sources)), args.amounts
+        else:
+            documents, amounts = data.embedded_documents(args.tatoeba, args.udhr), None
+        rows = distill.distill(args.teacher_dir, documents, args.student, training, args.checkpoint, args.out,
+                               amounts=amounts, device=None, progress=False)
+        if frag is None:
+            return 0
+        distill.write_log(rows, args.loss_log)
+        distill.plot_loss(rows, args.plot)
+        frag.inputs += [Path(args.teacher_dir) / n for n in TEACHER_FILES]
+        frag.inputs += [p for p in (args.tatoeba, args.udhr) if p]
+        frag.outputs += [args.out, args.loss_log, args.plot]
+        frag.table("Training log", tables.markdown_table(
+            list(distill.LOG_COLUMNS), [[_short(r[c]) for c in distill.LOG_COLUMNS] for r in rows]))
+        frag.note(f"{len(documents)} documents; the written student is the moving average of the weights")
+    Path(args.checkpoint).unlink(missing_ok=True)  # every output is written: nothing left to resume
+    return 0
+
+
+def export(args) -> int:
+    from .. import files, machine
+    from ..distill import export as student_export
+    from ..distill import train as distill
+
+    threads = machine.usable_threads(args.threads)
+    with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
+        encoder, saved = distill.load_student(args.student)
+        record = student_export.export_student(
+            encoder, args.teacher_dir, args.out_dir, name=args.name, tolerance=args.tolerance,
+            threads=threads, opset=args.opset, ort_optimization=args.ort_optimization,
+            distillation={"student": Path(args.student).name, "sha256": files.sha256_file(args.student),
+                          "teacher": saved.get("teacher"), "steps": saved.get("steps")})
+        frag.inputs += [args.student, *(Path(args.teacher_dir) / n for n in TEACHER_FILES)]
+        out = Path(args.out_dir)
+        frag.outputs += [out / n for n in TEACHER_FILES]
+        check = record["check"]
+        frag.note(f"export check, ONNX Runtime against PyTorch on a padded batch of lengths "
+                  f"{check['lengths']}: max abs {check['max_abs']:.3g}, largest value "
+                  f"{check['max_value']:.3g} ({check['criterion']}, tolerance {check['tolerance']})")
+    return 0
+
+
+def parity(args) -> int:
+    from .. import files, machine, tables
+    from ..data import texts
+    from ..distill import export as student_export
+    from ..distill import train as distill
+
+    threads = machine.torch_threads(args.threads)
+    markdown_path = Path(args.out).with_suffix(".md")
+    with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
+        encoder, _ = distill.load_student(args.student)
+        records = texts.read_jsonl(args.texts)
+        rows = student_export.student_parity(encoder, args.export_dir, [r["text"] for r in records],
+                                             threads=threads)
+        files.write_text(args.out, tables.csv_text(rows, student_export.PARITY_COLUMNS))
+        markdown = student_export.parity_markdown(rows)
+        files.write_text(markdown_path, markdown)
+        frag.inputs += [args.student, args.texts, *(Path(args.export_dir) / n for n in TEACHER_FILES)]
+        frag.outputs += [args.out, markdown_path]
+        frag.table("Student parity (one text per run, every token)", markdown)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    result = argparse.ArgumentParser(prog="encoder-study student",
+                                     description="distil, export and check the student encoder")
+    sub = result.add_subparsers(required=True)
+
+    p = sub.add_parser("train", help="distil the student from the teacher (resumes from its checkpoint)")
+    p.set_defaults(run=train)
+    provenance.add_arguments(p)
+    p.add_argument("--teacher-dir", required=True, help="results/models/<teacher> (an export)")
+    p.add_argument("--tatoeba", help="the embedded corpus: Tatoeba-format sentences")
+    p.add_argument("--udhr", help="the embedded corpus: UDHR XML directory or zip")
+    p.add_argument("--streams", type=json.loads, help="JSON list of streamed datasets (the full study)")
+    p.add_argument("--amounts", type=json.loads, help="JSON object: text per language for the weights")
+    p.add_argument("--student", type=_json_object, required=True,
+                   help="JSON: the student's shape (StudentConfig)")
+    p.add_argument("--training", type=_json_object, required=True,
+                   help="JSON: training settings (TrainingConfig)")
+    p.add_argument("--checkpoint", required=True, help="saved every chunk_steps; outside the outputs' dirs")
+    p.add_argument("--out", required=True, help="results/student/student.pt: the EMA weights and settings")
+    p.add_argument("--loss-log", required=True, help="results/student/training.csv: loss per logged step "
+                   "(not --log: torchrun would take an abbreviation of its own --log-dir)")
+    p.add_argument("--plot", required=True, help="results/student/training.png: the loss curve")
+    p.add_argument("--threads", type=int, required=True)
+
+    p = sub.add_parser("export", help="the student as an ONNX export beside the others")
+    p.set_defaults(run=export)
+    provenance.add_arguments(p)
+    p.add_argument("--student", required=True)
+    p.add_argument("--teacher-dir", required=True, help="its tokenizer.json is copied unchanged")
+    p.add_argument("--out-dir", required=True, help="results/models/<name>")
+    p.add_argument("--name", required=True)
+    p.add_argument("--opset", type=int, required=True)
+    p.add_argument("--tolerance", type=float, required=True)
+    p.add_argument("--ort-optimization", required=True)
+    p.add_argument("--threads", type=int, required=True)
+
+    p = sub.add_parser("parity", help="trainable modules and ONNX Runtime against the PyTorch student")
+    p.set_defaults(run=parity)
+    provenance.add_arguments(p)
+    p.add_argument("--student", required=True)
+    p.add_argument("--export-dir", required=True)
+    p.add_argument("--texts", required=True, help="results/texts/parity_texts.jsonl")
+    p.add_argument("--out", required=True, help="results/student/parity.csv (+ .md)")
+    p.add_argument("--threads", type=int, required=True)
+    return result

@@ -1,0 +1,294 @@
+"""`encoder-study tagging treebank|fetch|train|baseline|tables|step-time`: the tagging recipe's commands.
+
+    encoder-study tagging treebank --seed 0 --train 1500 --dev 300 --test 300 --out-dir results/treebank ...
+    encoder-study tagging fetch --split dev --url URL --sha256 HEX --timeout 60 \\
+        --out results/treebank/dev.conllu ...
+    encoder-study tagging train --run minilm-frozen-mean --model-dir results/models/minilm --mode frozen \\
+        --pooling mean --train T --dev D --test E --out-dir results/tagging/minilm-frozen-mean \\
+        --checkpoint results/tagging/checkpoints/minilm-frozen-mean.pt --chunk-steps 0 --lr 0.01 ... \\
+        --provenance provenance/tagging/tagging_train-minilm-frozen-mean.md
+    encoder-study tagging baseline --run baseline --train T --dev D --test E \\
+        --out-dir results/tagging/baseline ...
+    encoder-study tagging tables --run-dir results/tagging/a --run-dir results/tagging/b \\
+        --gold dev=D --gold test=E --compare a:b --scores-out results/tagging/scores.csv \\
+        --comparisons-out results/tagging/comparisons.csv --plot results/tagging/dev_upos.png ...
+    encoder-study tagging step-time --model results/models/minilm results/sources/minilm/source.json \\
+        --out results/tagging/step_time.csv ...
+
+Every option is required (or a flag): the workflow's config schema holds the defaults and the rules
+pass every value. `train` saves its checkpoint every `--chunk-steps` steps and resumes from it when
+it exists, so rerunning the same command after a crash (Snakemake's `retries`) goes on from the last
+save and ends bit for bit where an uninterrupted run ends. The logic lives in `encoder_study.tagging`
+(runs, training, scoring, step time) and `encoder_study.data` (the treebanks).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import provenance
+
+SPLITS = ("train", "dev", "test")
+
+
+def _settings(args, *skip: str) -> dict:
+    """The fragment's settings table: the arguments, without the subcommand's function."""
+    return provenance.settings(args, ("run", *skip))
+
+
+def _pair(text: str) -> tuple[str, str]:
+    a, sep, b = text.partition(":")
+    if not sep or not a or not b:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a comparison as RUN_A:RUN_B")
+    return a, b
+
+
+def _gold(text: str) -> tuple[str, str]:
+    split, sep, path = text.partition("=")
+    if not sep or not split or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a gold file as SPLIT=PATH")
+    return split, path
+
+
+def parser() -> argparse.ArgumentParser:
+    """`encoder-study tagging ...`: the treebank, UPOS tagging runs, their tables and the step time."""
+    top = argparse.ArgumentParser(prog="encoder-study tagging", description=parser.__doc__)
+    sub = top.add_subparsers(dest="subcommand", required=True)
+
+    p = sub.add_parser("treebank", help="write the synthetic treebank's train/dev/test CoNLL-U files")
+    provenance.add_arguments(p)
+    p.set_defaults(run=treebank)
+    p.add_argument("--seed", type=int, required=True)
+    for split in SPLITS:
+        p.add_argument(f"--{split}", type=int, required=True, help=f"sentences in {split}")
+    p.add_argument("--out-dir", required=True, help="writes <out-dir>/{train,dev,test}.conllu")
+
+    p = sub.add_parser("fetch", help="download one split of a UD treebank (URL, file:// URL, path), check it")
+    provenance.add_arguments(p)
+    p.set_defaults(run=fetch)
+    p.add_argument("--split", required=True, choices=SPLITS)
+    p.add_argument("--url", required=True)
+    p.add_argument("--sha256", required=True, help="pinned SHA-256; empty: record it instead")
+    p.add_argument("--out", required=True, help="the local .conllu file to write")
+    p.add_argument("--timeout", type=float, required=True, help="seconds without data, then give up")
+
+    p = sub.add_parser("train", help="train a tagger (frozen or fine-tuned encoder), score dev and test once")
+    provenance.add_arguments(p)
+    p.set_defaults(run=train)
+    p.add_argument("--run", dest="run_name", required=True, help="the run's name in the tables")
+    p.add_argument("--model-dir", required=True, help="results/models/<model> (an export)")
+    p.add_argument("--mode", required=True, choices=["frozen", "finetuned"])
+    p.add_argument("--pooling", required=True, choices=["mean", "first"])
+    for split in SPLITS:
+        p.add_argument(f"--{split}", required=True, help=f"the {split} split, CoNLL-U")
+    p.add_argument("--out-dir", required=True, help="results/tagging/<run>")
+    p.add_argument("--checkpoint", required=True, help="saved every --chunk-steps steps, resumed when it "
+                   "exists, removed at the end; keep it outside a directory the workflow deletes on failure")
+    p.add_argument("--chunk-steps", type=int, required=True,
+                   help="save the checkpoint every this many steps; 0: only when training ends")
+    g = p.add_argument_group("training")
+    g.add_argument("--seed", type=int, required=True)
+    g.add_argument("--lr", type=float, required=True)
+    g.add_argument("--weight-decay", type=float, required=True)
+    g.add_argument("--epochs", type=int, required=True, help="0: no limit by epochs")
+    g.add_argument("--max-steps", type=int, required=True, help="0: no limit by steps")
+    g.add_argument("--warmup", type=int, required=True, help="linear warm-up steps")
+    g.add_argument("--batch-words", type=int, required=True)
+    g.add_argument("--eval-every", type=int, required=True,
+                   help="steps between dev evaluations; 0: at the end of each epoch")
+    g.add_argument("--eval-batch-words", type=int, required=True)
+    g.add_argument("--clip", type=float, required=True, help="gradient norm clip; 0: none")
+    g.add_argument("--threads", type=int, required=True)
+    e = p.add_argument_group("encoder")
+    e.add_argument("--max-length", type=int, required=True, help="pieces per window, specials included")
+    e.add_argument("--window-batch", type=int, required=True, help="frozen: windows per ONNX Runtime call")
+    e.add_argument("--max-batch-pieces", type=int, required=True, help="finetuned: padded pieces per batch")
+    e.add_argument("--train-embeddings", action="store_true",
+                   help="finetuned: train the token table too (it is then saved in the pipeline)")
+    s = p.add_argument_group("scoring")
+    s.add_argument("--resamples", type=int, required=True)
+    s.add_argument("--bootstrap-seed", type=int, required=True)
+
+    p = sub.add_parser("baseline", help="the most-frequent-tag baseline: dev and test predictions and scores")
+    provenance.add_arguments(p)
+    p.set_defaults(run=baseline)
+    p.add_argument("--run", dest="run_name", required=True, help="the run's name in the tables")
+    for split in SPLITS:
+        p.add_argument(f"--{split}", required=True)
+    p.add_argument("--out-dir", required=True, help="results/tagging/<run>")
+    p.add_argument("--resamples", type=int, required=True)
+    p.add_argument("--bootstrap-seed", type=int, required=True)
+
+    p = sub.add_parser("tables", help="joined scores, paired comparisons and the development plot")
+    provenance.add_arguments(p)
+    p.set_defaults(run=tables)
+    p.add_argument("--run-dir", action="append", required=True, help="results/tagging/<run>; repeat")
+    p.add_argument("--gold", type=_gold, action="append", default=[], help="SPLIT=PATH (gold file); repeat")
+    p.add_argument("--compare", type=_pair, action="append", default=[], help="RUN_A:RUN_B (a - b); repeat")
+    p.add_argument("--reference", action="append", default=[],
+                   help="a run whose dev score the plot draws as a dashed line; repeat")
+    p.add_argument("--scores-out", required=True, help="results/tagging/scores.csv (+ .md)")
+    p.add_argument("--comparisons-out", help="results/tagging/comparisons.csv (+ .md)")
+    p.add_argument("--plot", help="PNG of development UPOS against step")
+    p.add_argument("--resamples", type=int, required=True)
+    p.add_argument("--seed", type=int, required=True)
+
+    p = sub.add_parser("step-time", help="one fine-tuning step in parts: ours against transformers")
+    provenance.add_arguments(p)
+    p.set_defaults(run=step_time)
+    p.add_argument("--model", nargs=2, action="append", required=True, metavar=("MODEL_DIR", "SOURCE_JSON"),
+                   help="results/models/<m> results/sources/<m>/source.json; repeat for more models")
+    p.add_argument("--out", required=True, help="results/tagging/step_time.csv (a .md is written beside it)")
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--length", type=int, required=True)
+    p.add_argument("--warmup", type=int, required=True, help="untimed steps first")
+    p.add_argument("--steps", type=int, required=True, help="timed steps (medians are reported)")
+    p.add_argument("--lr", type=float, required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--threads", type=int, required=True)
+    return top
+
+
+def treebank(args) -> int:
+    from ..data.conllu import most_frequent_tag_accuracy, read_conllu, splits_table, upos_table
+    from ..data.synthetic import TEMPLATES, write_synthetic
+    from ..tables import markdown_table
+
+    sizes = {"train": args.train, "dev": args.dev, "test": args.test}
+    with provenance.Fragment(args.provenance, _settings(args)) as frag:
+        paths = write_synthetic(args.out_dir, args.seed, sizes)
+        frag.outputs.extend(paths[s] for s in SPLITS)
+        by_split = {split: read_conllu(paths[split]) for split in SPLITS}  # the reader EWT goes through
+        frag.table("Splits", splits_table(by_split))
+        frag.table("UPOS", upos_table(by_split))
+        train_split = by_split["train"]
+        baseline_rows = [(split, f"{100 * most_frequent_tag_accuracy(train_split, by_split[split]):.2f}")
+                         for split in ("dev", "test")]
+        frag.table("Most-frequent-tag baseline (trained on train)",
+                   markdown_table(["split", "UPOS accuracy %"], baseline_rows, "lr"))
+        frag.note(f"synthetic treebank: {len(TEMPLATES)} templates; split k of {list(SPLITS)} is drawn from "
+                  f"numpy SeedSequence([{args.seed}, k]), so a split does not depend on the others' sizes")
+        frag.note("the HEAD and DEPREL columns hold a flat tree (every word attached to the root): valid "
+                  "for the UD evaluation script, not a real analysis; only UPOS is meant to be learned")
+    words = sum(len(s.words) for v in by_split.values() for s in v)
+    print(f"encoder-study tagging treebank: {words} words in {args.out_dir}/{{{','.join(SPLITS)}}}.conllu")
+    return 0
+
+
+def fetch(args) -> int:
+    from ..data import conllu
+
+    with provenance.Fragment(args.provenance, _settings(args)) as frag:
+        path = conllu.local_path(args.url)
+        if path is not None:
+            frag.inputs.append(path)
+        fetched = conllu.fetch(args.url, args.out, args.sha256, timeout=args.timeout)
+        frag.outputs.append(args.out)
+        by_split = {args.split: fetched.sentences}
+        frag.table("Split", conllu.splits_table(by_split))
+        frag.table("UPOS", conllu.upos_table(by_split))
+        if fetched.pinned:
+            frag.note(f"{args.url}: SHA-256 {fetched.sha256} (pinned and checked)")
+        else:
+            frag.note(f"{args.url}: SHA-256 {fetched.sha256}: recorded on first download, not pinned; put it "
+                      "in the config to make the next run check it")
+    print(f"encoder-study tagging fetch: {args.url} -> {args.out} ({len(fetched.sentences)} sentences, "
+          f"SHA-256 {fetched.sha256})")
+    return 0
+
+
+def train(args) -> int:
+    from .. import machine, manifest
+    from ..tables import markdown_table
+    from ..tagging import evaluate, runs
+    from ..tagging.train import TrainSettings
+
+    threads = machine.usable_threads(args.threads)
+    settings = TrainSettings(
+        mode=args.mode, seed=args.seed, lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs,
+        max_steps=args.max_steps, warmup=args.warmup, batch_words=args.batch_words,
+        eval_every=args.eval_every, eval_batch_words=args.eval_batch_words, clip=args.clip, threads=threads)
+    options = runs.EncoderOptions(max_length=args.max_length, window_batch=args.window_batch,
+                                  max_batch_pieces=args.max_batch_pieces,
+                                  freeze_embeddings=not args.train_embeddings)
+    paths = {split: getattr(args, split) for split in SPLITS}
+    model_dir = Path(args.model_dir)
+    with provenance.Fragment(args.provenance, _settings(args), threads=threads) as frag:
+        frag.inputs += [*paths.values(), *(model_dir / n for n in (
+            manifest.ONNX_FILE, manifest.TOKENIZER_FILE, manifest.CONFIG_FILE, manifest.MANIFEST))]
+        done = runs.train_run(args.run_name, model_dir, args.pooling, paths, args.out_dir, settings, options,
+                              checkpoint=args.checkpoint, chunk_steps=args.chunk_steps,
+                              resamples=args.resamples, bootstrap_seed=args.bootstrap_seed, progress=True)
+        frag.outputs += done.outputs
+        frag.table("Scores", evaluate.scores_markdown(done.rows))
+        frag.table("Development history", markdown_table(
+            ["step", "epoch", "train loss", "dev UPOS"],
+            [(h["step"], f"{h['epoch']:.2f}", f"{h['train_loss']:.4f}", f"{h['dev_upos']:.2f}")
+             for h in done.result.history], "rrrr"))
+        result = done.result
+        frag.note(f"selected step {result.best_step} of {result.steps} (development UPOS "
+                  f"{result.best_dev_upos:.2f}); the test split was scored once, with those weights")
+        chunks = ", ".join(f"steps {c['first_step']}-{c['last_step']} in {c['seconds']:.1f} s"
+                           for c in result.chunks)
+        frag.note(f"trained in {len(result.chunks)} invocation(s): {chunks or 'none (resumed finished)'}")
+        if not done.record["dev_upos_check"]:
+            frag.note("WARNING: the development score of the written predictions differs from the one "
+                      "that selected the weights")
+    for row in done.rows:
+        print(f"{args.run_name}: {row['split']} UPOS {row['upos']:.2f} "
+              f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]")
+    return 0
+
+
+def baseline(args) -> int:
+    from ..tagging import evaluate, runs
+
+    paths = {split: getattr(args, split) for split in SPLITS}
+    with provenance.Fragment(args.provenance, _settings(args)) as frag:
+        frag.inputs += list(paths.values())
+        rows, outputs = runs.baseline_run(args.run_name, paths, args.out_dir, args.resamples,
+                                          args.bootstrap_seed)
+        frag.outputs += outputs
+        frag.table("Scores", evaluate.scores_markdown(rows))
+        frag.note("most frequent UPOS of each form in train; an unseen form gets the most frequent tag of "
+                  "train (ties: the alphabetically first tag)")
+    return 0
+
+
+def tables(args) -> int:
+    from ..tagging import evaluate, runs
+
+    with provenance.Fragment(args.provenance, _settings(args)) as frag:
+        gathered = runs.gather(args.run_dir, dict(args.gold), args.compare, args.scores_out,
+                               args.comparisons_out, args.plot, args.reference, args.resamples, args.seed)
+        frag.inputs += gathered.inputs
+        frag.outputs += gathered.outputs
+        frag.table("Scores", evaluate.scores_markdown(gathered.scores))
+        if gathered.comparisons:
+            frag.table("Comparisons (a - b, paired bootstrap over sentences)",
+                       evaluate.comparisons_markdown(gathered.comparisons))
+    return 0
+
+
+def step_time(args) -> int:
+    from .. import files, machine, manifest
+    from ..tables import csv_text
+    from ..tagging import steptime
+
+    threads = machine.torch_threads(args.threads)
+    out, markdown_path = Path(args.out), Path(args.out).with_suffix(".md")
+    with provenance.Fragment(args.provenance, _settings(args), threads=threads) as frag:
+        rows = []
+        for model_dir, source in args.model:
+            frag.inputs += [source, *(Path(model_dir) / n for n in (manifest.ONNX_FILE, manifest.MANIFEST))]
+            rows += steptime.step_time(model_dir, source, batch=args.batch, length=args.length,
+                                       warmup=args.warmup, steps=args.steps, lr=args.lr, seed=args.seed)
+        files.write_text(out, csv_text(rows, steptime.COLUMNS))  # repr floats, fixed columns
+        markdown = steptime.markdown(rows)
+        files.write_text(markdown_path, markdown)
+        frag.outputs += [out, markdown_path]
+        frag.table("Fine-tuning step", markdown)
+        frag.note(f"median of {args.steps} steps after {args.warmup} warm-up step(s); batch {args.batch} x "
+                  f"{args.length} pieces; AdamW lr {args.lr}; token table frozen in both; indicative timings")
+    return 0

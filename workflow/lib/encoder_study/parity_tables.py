@@ -1,0 +1,121 @@
+"""The parity recipe's tables: their columns and Markdown, and the gather of the per-model rows into
+results/parity/{inference,trainable,latency}.{csv,md} (with the plot of per-token differences).
+
+No torch and no models here: `encoder-study parity table` runs only this, so that editing the plot
+or a column's format reruns the three gathers and nothing that compares or times a model.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import files, tables
+
+INFERENCE_COLUMNS = ["model", "tokens", "texts", "truncated", "max_abs", "mean_abs", "min_cos", "mean_cos",
+                     "max_value", "batch_max_abs"]
+TRAINABLE_COLUMNS = ["model", "family", "comparison", "tokens", "max_abs", "mean_abs", "min_cos", "max_value",
+                     "batch_equal"]
+LATENCY_COLUMNS = ["model", "runtime", "threads", "batch", "seq_len", "median_ms", "min_ms", "max_ms", "runs"]
+
+_SHARED = {column[0]: column for column in tables.PARITY_COLUMNS}
+# Markdown columns (key, title, spec) as tables.markdown takes them. Counts a table shows as they are
+# (threads, batch, seq len) are ".0f": right-aligned like the numbers, and without thousands separators.
+INFERENCE_MARKDOWN = (("model", "model", ""), _SHARED["tokens"], _SHARED["max_abs"], _SHARED["mean_abs"],
+                      _SHARED["min_cos"], ("mean_cos", "mean cosine", ".8f"), _SHARED["max_value"],
+                      ("batch_max_abs", "batch of 8 vs alone", ".2g"))
+TRAINABLE_MARKDOWN = (("model", "model", ""), ("family", "family", ""), ("comparison", "comparison", ""),
+                      _SHARED["tokens"], _SHARED["max_abs"], _SHARED["mean_abs"], _SHARED["min_cos"],
+                      _SHARED["max_value"], ("batch_equal", "batches of 8 = alone", "yes"))
+LATENCY_MARKDOWN = (("model", "model", ""), ("runtime", "runtime", ""), ("threads", "threads", ".0f"),
+                    ("batch", "batch", ".0f"), ("seq_len", "seq len", ".0f"),
+                    ("median_ms", "median ms", ".3g"), ("min_ms", "min ms", ".3g"),
+                    ("max_ms", "max ms", ".3g"))
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    columns: list[str]
+    markdown: tuple[tuple[str, str, str], ...]
+
+
+TABLES = {
+    "inference": Table("Inference parity", INFERENCE_COLUMNS, INFERENCE_MARKDOWN),
+    "trainable": Table("Trainable parity", TRAINABLE_COLUMNS, TRAINABLE_MARKDOWN),
+    "latency": Table("Latency", LATENCY_COLUMNS, LATENCY_MARKDOWN),
+}
+
+
+@dataclass
+class Report:
+    """What one parity step read and wrote, and its table: the command records it in the fragment."""
+
+    title: str
+    markdown: str
+    inputs: list[str | os.PathLike] = field(default_factory=list)
+    outputs: list[str | os.PathLike] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def markdown(kind: str, rows: list[dict]) -> str:
+    """The Markdown of table `kind` (a key of TABLES) for `rows` (dicts, or a CSV's strings)."""
+    return tables.markdown(rows, TABLES[kind].markdown)
+
+
+def write_rows(kind: str, rows: list[dict], out: str | os.PathLike) -> str:
+    """Write one model's rows of table `kind` to `out` (CSV); return their Markdown."""
+    files.write_text(out, tables.csv_text(rows, TABLES[kind].columns))
+    return markdown(kind, rows)
+
+
+def plot_differences(per_model: dict[str, np.ndarray], target: str | os.PathLike) -> None:
+    """Histogram of per-token max abs differences (log scale), one line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    bins = np.logspace(-10, 0, 61)
+    for name in sorted(per_model):
+        values = np.clip(per_model[name], 1e-10, None)
+        ax.hist(values, bins=bins, histtype="step", label=f"{name} ({values.size:,} tokens)")
+    ax.set_xscale("log")
+    ax.set_xlabel("largest |ONNX Runtime - PyTorch| over a token's hidden state")
+    ax.set_ylabel("tokens")
+    ax.set_title("Inference parity, one text per run")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with files.atomic_path(target) as tmp:
+        fig.savefig(tmp, format="png", metadata={"Software": None})
+    plt.close(fig)
+
+
+def gather(kind: str, parts: list[str | os.PathLike], out: str | os.PathLike,
+           markdown_path: str | os.PathLike, plot: str | os.PathLike | None) -> Report:
+    """Concatenate per-model CSVs (sorted by model) into table `kind`, its Markdown and, given `plot`,
+    the plot of the per-token differences (each part's .npy beside it)."""
+    table = TABLES[kind]
+    report = Report(table.title, "")
+    rows = []
+    for part in sorted(map(str, parts)):
+        rows += tables.read_csv(part)  # within a part, rows keep the order the command wrote them in
+        report.inputs.append(part)
+    rows.sort(key=lambda r: r["model"])  # stable: runtimes, batches and comparisons keep their order
+    files.write_text(out, tables.csv_text(rows, table.columns))
+    report.markdown = markdown(kind, rows)
+    files.write_text(markdown_path, report.markdown)
+    report.outputs += [out, markdown_path]
+    if plot:
+        per_model = {}
+        for part in sorted(map(str, parts)):
+            diffs = Path(part).with_suffix(".npy")
+            per_model[tables.read_csv(part)[0]["model"]] = np.load(diffs)
+            report.inputs.append(diffs)
+        plot_differences(per_model, plot)
+        report.outputs.append(plot)
+    return report
