@@ -2,6 +2,7 @@
 # Full study: snakemake --cores 8 all --configfile config/paper.yaml
 import re
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -21,6 +22,36 @@ include: "workflow/rules/tagging.smk"
 include: "workflow/rules/writeback.smk"
 include: "workflow/rules/retrieval.smk"
 include: "workflow/rules/provenance.smk"
+
+
+# A per-rule key naming no rule would be ignored without a word (a typo, or a rule renamed since).
+for _section in ("threads", "resources"):
+    for _key in sorted(set(config[_section]) - {"default"} - {r.name for r in workflow.rules}):
+        raise WorkflowError(f"config: {_section}.{_key} names no rule of the workflow; rules are named "
+                            "<recipe>_<step> (see the README's recipe table)")
+
+
+# Run on the host that runs Snakemake, never as cluster jobs: downloads (compute nodes often have no
+# internet), joins, tables and checks (seconds each; not worth a queue slot).
+localrules:
+    all,
+    export,
+    export_acquire,
+    parity,
+    parity_fetch,
+    parity_select,
+    parity_table_inference,
+    parity_table_trainable,
+    parity_table_latency,
+    student,
+    tagging,
+    tagging_tables,
+    writeback,
+    retrieval,
+    retrieval_acquire,
+    retrieval_verify,
+    provenance_join,
+    verify,
 
 
 wildcard_constraints:

@@ -11,6 +11,7 @@ from snakemake.exceptions import WorkflowError
 # The package's dependency walker uses the standard library only, so it imports in any environment.
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "lib"))
 from encoder_study.deps import code_files
+from encoder_study.machine import cores as machine_cores
 
 LIB_ROOT = Path("workflow/lib")
 
@@ -18,7 +19,7 @@ LIB_ROOT = Path("workflow/lib")
 # without activating the environment (with --sdm conda the job's own environment comes first).
 os.environ.update(PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 CONDA_ENV = "../../envs/workflow.yaml"
-MACHINE_CORES = os.cpu_count() or 1
+MACHINE_CORES = machine_cores()
 
 
 def _workflow_cores():
@@ -72,6 +73,14 @@ def threads_for(rule):
 def resources_for(rule, key):
     table = config["resources"]
     return table.get(rule, {}).get(key, table["default"].get(key, 0))
+
+
+def resources_of(rule):
+    """A rule's `resources:` (memory, runtime and GPUs): the config's `resources`, the one place they
+    are set; a cluster profile adds partitions only. `gpu` only where the config gives it."""
+    found = {key: resources_for(rule, key) for key in ("mem_mb", "runtime")}
+    gpus = resources_for(rule, "gpu")
+    return {**found, "gpu": gpus} if gpus else found
 
 
 def _model_specs(entries):

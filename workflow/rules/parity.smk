@@ -80,9 +80,7 @@ rule parity_inference:
         "logs/parity/parity_inference-{model}.log",
     benchmark:
         "results/benchmarks/parity_inference/{model}.tsv"
-    resources:
-        mem_mb=resources_for("parity_inference", "mem_mb"),
-        runtime=resources_for("parity_inference", "runtime"),
+    resources: **resources_of("parity_inference")
     conda:
         CONDA_ENV
     shell:
@@ -106,9 +104,7 @@ rule parity_trainable:
         "logs/parity/parity_trainable-{model}.log",
     benchmark:
         "results/benchmarks/parity_trainable/{model}.tsv"
-    resources:
-        mem_mb=resources_for("parity_trainable", "mem_mb"),
-        runtime=resources_for("parity_trainable", "runtime"),
+    resources: **resources_of("parity_trainable")
     conda:
         CONDA_ENV
     shell:
@@ -137,9 +133,7 @@ rule parity_latency:
         "logs/parity/parity_latency-{model}.log",
     benchmark:
         "results/benchmarks/parity_latency/{model}.tsv"
-    resources:
-        mem_mb=resources_for("parity_latency", "mem_mb"),
-        runtime=resources_for("parity_latency", "runtime"),
+    resources: **resources_of("parity_latency")
     conda:
         CONDA_ENV
     shell:

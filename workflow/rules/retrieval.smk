@@ -35,9 +35,7 @@ else:
             "logs/retrieval/retrieval_acquire.log",
         benchmark:
             "results/benchmarks/retrieval_acquire/retrieval.tsv"
-        resources:
-            mem_mb=resources_for("retrieval_acquire", "mem_mb"),
-            runtime=resources_for("retrieval_acquire", "runtime"),
+        resources: **resources_of("retrieval_acquire")
         conda:
             CONDA_ENV
         shell:
@@ -61,6 +59,7 @@ rule retrieval_heads:
         out_dir=lambda wildcards, output: os.path.dirname(output.colbert),
     log:
         "logs/retrieval/retrieval_heads.log",
+    resources: **resources_of("retrieval_heads")
     conda:
         CONDA_ENV
     shell:
@@ -93,9 +92,7 @@ rule retrieval_export:
         "logs/retrieval/retrieval_export.log",
     benchmark:
         "results/benchmarks/retrieval_export/retrieval.tsv"
-    resources:
-        mem_mb=resources_for("retrieval_export", "mem_mb"),
-        runtime=resources_for("retrieval_export", "runtime"),
+    resources: **resources_of("retrieval_export")
     conda:
         CONDA_ENV
     shell:

@@ -29,9 +29,7 @@ rule writeback_pipeline:
         "logs/writeback/writeback_pipeline-{run}.log",
     benchmark:
         "results/benchmarks/writeback_pipeline/{run}.tsv"
-    resources:
-        mem_mb=resources_for("writeback_pipeline", "mem_mb"),
-        runtime=resources_for("writeback_pipeline", "runtime"),
+    resources: **resources_of("writeback_pipeline")
     conda:
         CONDA_ENV
     shell:
@@ -71,9 +69,7 @@ rule writeback_parity:
         "logs/writeback/writeback_parity.log",
     benchmark:
         "results/benchmarks/writeback_parity.tsv"
-    resources:
-        mem_mb=resources_for("writeback_parity", "mem_mb"),
-        runtime=resources_for("writeback_parity", "runtime"),
+    resources: **resources_of("writeback_parity")
     conda:
         CONDA_ENV
     shell:
@@ -101,9 +97,7 @@ rule writeback_agreement:
         "logs/writeback/writeback_agreement.log",
     benchmark:
         "results/benchmarks/writeback_agreement.tsv"
-    resources:
-        mem_mb=resources_for("writeback_agreement", "mem_mb"),
-        runtime=resources_for("writeback_agreement", "runtime"),
+    resources: **resources_of("writeback_agreement")
     conda:
         CONDA_ENV
     shell:
@@ -134,9 +128,7 @@ rule writeback_speed:
         "logs/writeback/writeback_speed.log",
     benchmark:
         "results/benchmarks/writeback_speed.tsv"
-    resources:
-        mem_mb=resources_for("writeback_speed", "mem_mb"),
-        runtime=resources_for("writeback_speed", "runtime"),
+    resources: **resources_of("writeback_speed")
     conda:
         CONDA_ENV
     shell:

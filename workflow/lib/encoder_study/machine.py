@@ -1,4 +1,5 @@
-"""Facts about the machine a command runs on, and the thread count it may use.
+"""Facts about the machine a command runs on, and the thread count it may use. Standard library
+only: the Snakefile imports it too.
 
 One owner for the clamp: a command asked for more threads than the machine has would only
 oversubscribe its cores, so every library function that sets thread counts goes through here.
@@ -9,9 +10,18 @@ from __future__ import annotations
 import os
 
 
+def cores() -> int:
+    """The cores this process may run on: its CPU affinity (a Slurm allocation, `taskset`, a
+    container's cpuset), which can be fewer than the machine has (`os.cpu_count()`)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def usable_threads(wanted: int) -> int:
-    """`wanted`, at least 1 and at most the machine's cores."""
-    return max(1, min(int(wanted), os.cpu_count() or 1))
+    """`wanted`, at least 1 and at most the cores this process may run on."""
+    return max(1, min(int(wanted), cores()))
 
 
 def torch_threads(wanted: int) -> int:

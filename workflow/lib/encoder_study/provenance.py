@@ -1,13 +1,18 @@
 """Provenance fragments: what a rule ran, on which code and machine, and the hashes of its files.
 
-Each rule writes `provenance/<recipe>/<rule>[-<wildcards>].md`; `join` puts a recipe's fragments
-into its PROVENANCE.md and `verify` re-hashes every file the fragments name (the commands:
-`encoder-study provenance join|verify`).
+Each rule writes `provenance/<recipe>/<rule>[-<wildcards>].md` and its JSON twin
+`<rule>[-<wildcards>].json`, both rendered from one record (`Fragment.record`), so they state the
+same facts; the twin also holds the Markdown's SHA-256. `join` puts a recipe's fragments into its
+PROVENANCE.md; `verify` reads the twins, re-hashes every file they name, and with `env=True` also
+compares the recorded library versions and Python with the installed ones (the commands:
+`encoder-study provenance join|verify|explain`; `explain` lives in encoder_study.lineage).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import os
 import platform
 import re
@@ -19,7 +24,8 @@ from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 
-from . import files
+from . import __version__, files
+from .errors import UserError
 from .tables import markdown_table
 
 LIBRARIES = (
@@ -28,6 +34,12 @@ LIBRARIES = (
 )
 FILES_HEADING = "## Files"
 JOINED_NAME = "PROVENANCE.md"
+# Marks a JSON file as a fragment's twin (other JSON may live under provenance/ one day).
+RECORD_FORMAT = "encoder-study provenance fragment 1"
+
+
+class ProvenanceError(UserError):
+    pass
 
 
 def library_versions(names: Iterable[str] = LIBRARIES) -> dict[str, str]:
@@ -40,8 +52,8 @@ def library_versions(names: Iterable[str] = LIBRARIES) -> dict[str, str]:
     return versions
 
 
-def code_version(root: str | os.PathLike = ".") -> str:
-    """`<commit> (clean)` or `<commit> (dirty: N files)`; `not a git checkout` outside one."""
+def code_state(root: str | os.PathLike = ".") -> dict:
+    """{"commit", "dirty", "changed_files"}; commit None outside a git checkout."""
     def git(*args: str) -> str:
         return subprocess.run(
             ["git", *args], cwd=root, capture_output=True, text=True, check=True
@@ -51,8 +63,20 @@ def code_version(root: str | os.PathLike = ".") -> str:
         commit = git("rev-parse", "HEAD")
         changed = [line for line in git("status", "--porcelain").splitlines() if line]
     except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "dirty": None, "changed_files": None}
+    return {"commit": commit, "dirty": bool(changed), "changed_files": len(changed)}
+
+
+def describe_code(state: dict) -> str:
+    """`<commit> (clean)` or `<commit> (dirty: N files)`; `not a git checkout` outside one."""
+    if state["commit"] is None:
         return "not a git checkout"
-    return f"{commit} (clean)" if not changed else f"{commit} (dirty: {len(changed)} files)"
+    return f"{state['commit']} (clean)" if not state["dirty"] else \
+        f"{state['commit']} (dirty: {state['changed_files']} files)"
+
+
+def code_version(root: str | os.PathLike = ".") -> str:
+    return describe_code(code_state(root))
 
 
 def cpu_model() -> str:
@@ -72,6 +96,82 @@ def machine() -> dict[str, str]:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
     }
+
+
+# CPU features that decide which matrix kernels PyTorch and ONNX Runtime pick (x86 `flags`, Arm
+# `Features`); the rest of /proc/cpuinfo's list says nothing about the numbers or the timings.
+SIMD_FLAG_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "vnni", "asimd", "sve", "bf16", "i8mm")
+NVIDIA_SMI_TIMEOUT_S = 10
+# What a command's code reports it used, e.g. "onnxruntime providers" or "torch device": key -> values.
+_USED: dict[str, set[str]] = {}
+
+
+def used(key: str, value: str) -> None:
+    """Record, for this process's fragment, a device fact the code chose (the ONNX Runtime execution
+    provider of a session, the torch device and precision of a run); `device()` lists every value."""
+    _USED.setdefault(key, set()).add(str(value))
+
+
+def cpu_flags(cpuinfo: str | None = None) -> str:
+    """The SIMD and matrix flags of the first CPU in /proc/cpuinfo, sorted; "unknown" without it."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown"
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags = sorted({f for f in value.split() if f.startswith(SIMD_FLAG_PREFIXES)})
+            return " ".join(flags) or "none"
+    return "unknown"
+
+
+def nvidia_gpus() -> dict[str, str]:
+    """GPU names, memory and driver from `nvidia-smi`; says so, without failing, when there is none.
+
+    nvidia-smi rather than torch: asking torch for device names initialises CUDA in the job (a
+    context, memory, a second or more), and jobs that never import torch would have to.
+    """
+    query = ["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"]
+    try:
+        done = subprocess.run(query, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+    except FileNotFoundError:
+        return {"gpus": "none (no nvidia-smi)"}
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {"gpus": f"unknown (nvidia-smi failed: {err})"}
+    if done.returncode != 0:
+        reason = (done.stderr or done.stdout).strip().splitlines()
+        return {"gpus": f"none (nvidia-smi exit {done.returncode}: {reason[0] if reason else 'no message'})"}
+    rows = [[c.strip() for c in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
+    if not rows:
+        return {"gpus": "none (nvidia-smi lists no GPU)"}
+    return {"gpus": "; ".join(f"{r[0]}: {r[1]} ({r[2]})" if len(r) >= 3 else ", ".join(r) for r in rows),
+            "gpu driver": ", ".join(sorted({r[3] for r in rows if len(r) >= 4})) or "unknown"}
+
+
+def device() -> dict[str, str]:
+    """The device facts of this process, for every fragment (the CPU model is in `machine`): its SIMD
+    flags, the GPUs and
+    driver (nvidia-smi), the CUDA devices this job may see, torch's CUDA build and availability and
+    ONNX Runtime's providers (each only when the command imported the library: importing torch costs
+    about a second per job), and what the code reported it used (`used`)."""
+    facts = {"cpu flags": cpu_flags(), **nvidia_gpus(),
+             "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "unset")}
+    torch = sys.modules.get("torch")
+    if torch is None:
+        facts["torch CUDA"] = "torch not imported by this command"
+    else:
+        available = torch.cuda.is_available()  # counts devices; no CUDA context is created
+        facts["torch CUDA"] = (f"available, {torch.cuda.device_count()} device(s)" if available
+                               else "not available")
+        facts["torch CUDA build"] = torch.version.cuda or "none (CPU build)"
+    ort = sys.modules.get("onnxruntime")
+    facts["onnxruntime providers available"] = (", ".join(ort.get_available_providers()) if ort is not None
+                                                else "onnxruntime not imported by this command")
+    for key in sorted(_USED):
+        facts[key] = ", ".join(sorted(_USED[key]))
+    return facts
 
 
 def _expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
@@ -118,46 +218,111 @@ class Fragment:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-    def render(self) -> str:
+    def record(self) -> dict:
+        """Every fact of the fragment as JSON-ready data: what the twin holds and the Markdown shows."""
         finished = dt.datetime.now(dt.UTC)
-        wildcards = self.wildcards
-        title = f"{self.rule}" + (f" ({wildcards})" if wildcards else "")
         program = Path(self.argv[0]).name if self.argv else ""
         if program in ("cli.py", "encoder-study"):  # the entry point re-executes itself as cli.py
             program = "encoder-study"
-        command = shlex.join([program, *self.argv[1:]]) if self.argv else ""
-        about = [
-            ("rule", self.rule),
-            ("recipe", self.path.parent.name),
-            ("wildcards", wildcards or "none"),
-            ("command", f"`{command}`"),
-            ("code", code_version()),
-            ("started (UTC)", self.started.isoformat(timespec="seconds")),
-            ("finished (UTC)", finished.isoformat(timespec="seconds")),
-            ("seconds", f"{time.perf_counter() - self._t0:.1f}"),
-            ("threads", self.threads if self.threads is not None else "default"),
-            *machine().items(),
-        ]
-        parts = [f"# {title}\n\n", markdown_table(["what", "value"], about)]
-        if self.settings:
-            parts += ["\n## Settings\n\n", markdown_table(
-                ["setting", "value"], sorted((k, v) for k, v in self.settings.items()))]
-        parts += ["\n## Libraries\n\n", markdown_table(["package", "version"], library_versions().items())]
-        rows = []
+        argv = [program, *self.argv[1:]] if self.argv else []
+        file_rows = []
         for role, paths in (("input", self.inputs), ("output", self.outputs)):
             for p in _expand(paths):
-                if p.resolve() == self.path.resolve():
+                if p.resolve() in (self.path.resolve(), twin(self.path).resolve()):
                     continue
-                rows.append((role, p.as_posix(), p.stat().st_size, files.sha256_file(p)))
-        parts += [f"\n{FILES_HEADING}\n\n", markdown_table(["role", "path", "bytes", "sha256"], rows, "llrl")]
-        for title_, table in self.tables:
-            parts += [f"\n## {title_}\n\n", table]
-        if self.notes:
-            parts += ["\n## Notes\n\n", "".join(f"- {n}\n" for n in self.notes)]
-        return "".join(parts)
+                file_rows.append({"role": role, "path": p.as_posix(), "bytes": p.stat().st_size,
+                                  "sha256": files.sha256_file(p)})
+        return {
+            "format": RECORD_FORMAT,
+            "rule": self.rule,
+            "recipe": self.path.parent.name,
+            "wildcards": self.wildcards,
+            "command": shlex.join(argv),
+            "argv": argv,
+            "code": code_state(),
+            "version": __version__,
+            "started": self.started.isoformat(timespec="seconds"),
+            "finished": finished.isoformat(timespec="seconds"),
+            "seconds": round(time.perf_counter() - self._t0, 1),
+            "threads": self.threads,
+            "machine": machine(),
+            "device": device(),
+            "settings": {k: _jsonable(v) for k, v in sorted(self.settings.items())},
+            "libraries": library_versions(),
+            "files": file_rows,
+            "tables": [{"title": t, "markdown": m} for t, m in self.tables],
+            "notes": list(self.notes),
+        }
+
+    def render(self, record: dict | None = None) -> str:
+        return render(self.record() if record is None else record)
 
     def write(self) -> None:
-        files.write_text(self.path, self.render())
+        """The Markdown first, then its twin, which names the Markdown's SHA-256: a twin exists only
+        beside the finished Markdown it describes."""
+        record = self.record()
+        text = render(record)
+        files.write_text(self.path, text)
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        record["markdown"] = {"path": self.path.name, "sha256": digest}
+        files.write_text(twin(self.path), json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def _jsonable(value):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+# Sections the Markdown shows in its header table or in sections of their own; any other mapping a
+# record carries (the device, say) gets a "what | value" section titled after its key.
+_SHOWN = {"format", "rule", "recipe", "wildcards", "command", "argv", "code", "version", "started",
+          "finished", "seconds", "threads", "machine", "settings", "libraries", "files", "tables",
+          "notes", "markdown"}
+
+
+def render(record: dict) -> str:
+    """A fragment's Markdown from its record (`Fragment.record`)."""
+    wildcards = record["wildcards"]
+    title = record["rule"] + (f" ({wildcards})" if wildcards else "")
+    about = [
+        ("rule", record["rule"]),
+        ("recipe", record["recipe"]),
+        ("wildcards", wildcards or "none"),
+        ("command", f"`{record['command']}`"),
+        ("code", describe_code(record["code"])),
+        ("encoder-study version", record["version"]),
+        ("started (UTC)", record["started"]),
+        ("finished (UTC)", record["finished"]),
+        ("seconds", f"{record['seconds']:.1f}"),
+        ("threads", record["threads"] if record["threads"] is not None else "default"),
+        *record["machine"].items(),
+    ]
+    parts = [f"# {title}\n\n", markdown_table(["what", "value"], about)]
+    for key in sorted(k for k, v in record.items() if k not in _SHOWN and isinstance(v, dict)):
+        parts += [f"\n## {key.capitalize()}\n\n",
+                  markdown_table(["what", "value"], [(k, str(v)) for k, v in record[key].items()])]
+    if record["settings"]:
+        parts += ["\n## Settings\n\n", markdown_table(
+            ["setting", "value"], [(k, str(v)) for k, v in record["settings"].items()])]
+    parts += ["\n## Libraries\n\n", markdown_table(["package", "version"], record["libraries"].items())]
+    rows = [(f["role"], f["path"], f["bytes"], f["sha256"]) for f in record["files"]]
+    parts += [f"\n{FILES_HEADING}\n\n", markdown_table(["role", "path", "bytes", "sha256"], rows, "llrl")]
+    for table in record["tables"]:
+        parts += [f"\n## {table['title']}\n\n", table["markdown"]]
+    if record["notes"]:
+        parts += ["\n## Notes\n\n", "".join(f"- {n}\n" for n in record["notes"])]
+    return "".join(parts)
+
+
+def twin(fragment: str | os.PathLike) -> Path:
+    """The JSON twin of a fragment's Markdown (and the Markdown of a twin): same stem, other suffix."""
+    fragment = Path(fragment)
+    return fragment.with_suffix(".md" if fragment.suffix == ".json" else ".json")
 
 
 _ROW = re.compile(r"^\|\s*(input|output)\s*\|\s*(.+?)\s*\|\s*(\d+)\s*\|\s*([0-9a-f]{64})\s*\|$")
@@ -176,29 +341,109 @@ def fragment_files(text: str) -> list[tuple[str, str, int, str]]:
 
 
 def fragments_under(root: str | os.PathLike) -> list[Path]:
+    """The Markdown fragments under `root` (every .md but the joined PROVENANCE.md files)."""
     return sorted(p for p in Path(root).rglob("*.md") if p.name != JOINED_NAME)
 
 
-def verify(root: str | os.PathLike, base: str | os.PathLike) -> list[str]:
-    """Re-hash every file every fragment names; return one line per difference (empty: all match)."""
+def read_record(path: str | os.PathLike) -> dict:
+    """A fragment's JSON twin; ProvenanceError (naming the file and the fix) when it is not one."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise ProvenanceError(f"{path} is missing: rerun the rule that writes it") from err
+    except json.JSONDecodeError as err:
+        raise ProvenanceError(f"{path}: not valid JSON ({err}); rerun the rule that writes it") from err
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        raise ProvenanceError(f"{path}: not a provenance fragment's twin (no \"format\": "
+                              f"\"{RECORD_FORMAT}\"); remove it or rerun the rule that writes it")
+    return record
+
+
+def records_under(root: str | os.PathLike) -> list[tuple[Path, dict]]:
+    """(path, record) of every JSON twin under `root`, sorted by path; other JSON files are skipped."""
+    found = []
+    for path in sorted(Path(root).rglob("*.json")):
+        try:
+            found.append((path, read_record(path)))
+        except ProvenanceError:
+            if twin(path).is_file():  # a fragment's twin that is broken is an error, not another file
+                raise
+    return found
+
+
+def verify(root: str | os.PathLike, base: str | os.PathLike, env: bool = False) -> list[str]:
+    """Re-hash every file the JSON twins name; return one line per difference (empty: all match).
+
+    Also a difference: a Markdown fragment without its twin, a twin without its Markdown, and a
+    Markdown that is not the one its twin was written with. With `env`, also each library version and
+    Python version that differs from the installed one (`environment_differences`).
+    """
     problems: list[str] = []
-    fragments = fragments_under(root)
-    if not fragments:
+    markdown = fragments_under(root)
+    try:
+        records = records_under(root)
+    except ProvenanceError as err:
+        return [str(err)]
+    if not markdown and not records:
         return [f"{root}: no provenance fragments found; run the workflow first"]
-    for frag in fragments:
-        rows = fragment_files(frag.read_text(encoding="utf-8"))
-        if not rows:
-            problems.append(f"{frag}: names no files (a fragment without a Files table)")
-        for _role, name, size, digest in rows:
-            path = Path(base) / name
-            if not path.is_file():
-                problems.append(f"{frag}: {name} is missing")
+    twins = {path for path, _ in records}
+    for frag in markdown:
+        if twin(frag) not in twins:
+            problems.append(f"{frag}: no JSON twin ({twin(frag).name}); rerun its rule to write both")
+    for path, record in records:
+        frag = twin(path)
+        if not frag.is_file():
+            problems.append(f"{path}: its Markdown fragment {frag.name} is missing; rerun its rule")
+        elif files.sha256_file(frag) != record.get("markdown", {}).get("sha256"):
+            problems.append(f"{frag}: differs from the Markdown its twin {path.name} was written with; "
+                            f"rerun its rule")
+        if not record["files"]:
+            problems.append(f"{path}: names no files")
+        for entry in record["files"]:
+            name, size, digest = entry["path"], entry["bytes"], entry["sha256"]
+            target = Path(base) / name
+            if not target.is_file():
+                problems.append(f"{path}: {name} is missing")
                 continue
-            actual = files.sha256_file(path)
+            actual = files.sha256_file(target)
             if actual != digest:
-                problems.append(f"{frag}: {name} changed: recorded sha256 {digest} ({size} bytes), "
-                                f"now {actual} ({path.stat().st_size} bytes)")
+                problems.append(f"{path}: {name} changed: recorded sha256 {digest} ({size} bytes), "
+                                f"now {actual} ({target.stat().st_size} bytes)")
+    if env:
+        problems += environment_differences([r for _, r in records])
     return problems
+
+
+def record_name(record: dict) -> str:
+    """`<recipe>/<rule>[-<wildcards>]`: where a record's fragment lives under provenance/."""
+    return f"{record['recipe']}/{record['rule']}" + (f"-{record['wildcards']}" if record["wildcards"] else "")
+
+
+def environment_differences(records: list[dict], installed: dict[str, str] | None = None,
+                            python: str | None = None) -> list[str]:
+    """One line per library (and Python) whose recorded version differs from the installed one.
+
+    Fragments may record different versions (jobs on other machines): each recorded version that
+    differs is named with how many fragments and one example. `installed`/`python` default to now.
+    """
+    python = python or sys.version.split()[0]
+    recorded: dict[str, dict[str, list[str]]] = {}
+    for record in records:
+        name = record_name(record)
+        versions = {**record["libraries"], "python": record["machine"].get("python", "unknown")}
+        for package, version in versions.items():
+            recorded.setdefault(package, {}).setdefault(version, []).append(name)
+    if installed is None:
+        installed = library_versions(p for p in recorded if p != "python")
+    now = {**installed, "python": python}
+    lines = []
+    for package in sorted(recorded):
+        for version, names in sorted(recorded[package].items()):
+            if version != now.get(package, "not installed"):
+                lines.append(f"{package}: recorded {version} by {len(names)} fragment(s) (e.g. {names[0]}), "
+                             f"installed now {now.get(package, 'not installed')}")
+    return lines
 
 
 def join(recipe: str, fragments: list[str | os.PathLike], target: str | os.PathLike) -> None:
