@@ -12,6 +12,7 @@ this at parse time.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 # The package's import and the dispatcher run for every command.
@@ -73,6 +74,17 @@ def _reached(tree: ast.Module, function: str) -> list[ast.AST]:
     return nodes
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once per process (a Snakefile asks for it once per rule)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _module_imports(root: Path, module: str) -> frozenset[str]:
+    return frozenset(_imported(root, module, [_tree(_file(root, module))]))
+
+
 def code_files(root: str | Path, module: str, function: str | None = None) -> list[str]:
     """Every package file that running `module` (or only its `function`) executes, sorted.
 
@@ -89,8 +101,8 @@ def code_files(root: str | Path, module: str, function: str | None = None) -> li
         seen.add(name)
         parts = name.split(".")
         todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # parents' __init__ run first
-        path = _file(root, name)
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        nodes = _reached(tree, function) if name == module and function else [tree]
-        todo.extend(_imported(root, name, nodes))
+        if name == module and function:
+            todo.extend(_imported(root, name, _reached(_tree(_file(root, name)), function)))
+        else:
+            todo.extend(_module_imports(root, name))
     return sorted(str(_file(root, name)) for name in seen)
