@@ -196,22 +196,39 @@ def test_udhr_reader_zip_and_directory(tmp_path):
     assert (stats.files, stats.records, stats.empty) == (3, 9, 1)
 
 
-@pytest.mark.parametrize("data, message", [
-    (udhr_xml("eng", [("1", ["x"])], namespace="urn:other"),
-     r"udhr_eng\.xml: root element is <\{urn:other\}udhr>, expected <udhr> in namespace"),
-    (udhr_xml("eng", [("1", ["x"])], attrs="iso639-3='English'"),
-     r"udhr_eng\.xml, element <udhr key='eng'>: language code 'English' is not well-formed"),
-    (udhr_xml("EN", [("1", ["x"])], attrs=""),
-     r"udhr_eng\.xml, element <udhr key='EN'>: language code 'EN' is not well-formed"),
+FRA = udhr_xml("fra", [("1", ["Article premier."])])  # a good neighbour: it is read whatever the odd file
+
+
+@pytest.mark.parametrize("data, texts_read, what, done", [
+    (udhr_xml("eng", [("1", ["x"])], namespace="urn:other"), [("udhr:eng:article-1:1", "Latn", "x")],
+     "<udhr> in namespace 'urn:other', not http://www.unhchr.ch/udhr", "read it by element names alone"),
+    (udhr_xml("eng", [("1", ["x"])], attrs="iso639-3='English'"), [],
+     "iso639-3='English' is not an ISO 639-3 code", "skipped the file"),
+    (udhr_xml("EN", [("1", ["x"])], attrs=""), [],
+     "no iso639-3 attribute, and the key 'EN' does not begin with a code", "skipped the file"),
     (udhr_xml("eng", [("1", ["x"])], attrs="iso639-3='eng' iso15924='latin'"),
-     r"udhr_eng\.xml, element <udhr key='eng'>: iso15924='latin' is not a script code"),
-    (b"<?xml version='1.0'?>\n<udhr xmlns='http://www.unhchr.ch/udhr'>\n<para>x</pra>\n</udhr>\n",
-     r"udhr_eng\.xml, line 3, column \d+: not well-formed XML"),
+     [("udhr:eng:article-1:1", "Latn", "x")], "iso15924='latin' is not a script code",
+     "used the registry's script 'Latn'"),
+    (b"<?xml version='1.0'?>\n<udhr xmlns='http://www.unhchr.ch/udhr'>\n<para>x</pra>\n</udhr>\n", [],
+     "not well-formed XML at line 3, column", "skipped the file"),
+    (b"<?xml version='1.0'?>\n<html><body>Not found</body></html>\n", [],
+     "root element is <html>, not <udhr>", "skipped the file"),
+    (udhr_xml("eng", [("1", ["x"]), ("1", ["y"])]),
+     [("udhr:eng:article-1:1", "Latn", "x"), ("udhr:eng:article-2:1", "Latn", "y")],
+     "article 2 (in document order) is numbered '1'", "keyed by its place: article-2"),
+    (udhr_xml("eng", [("1", ["", " "])]), [], "2 empty paragraph(s): article-1 para 1, article-1 para 2",
+     "skipped them"),
 ])
-def test_udhr_errors_name_file_and_element(tmp_path, data, message):
+def test_udhr_odd_file_is_read_or_skipped_never_fatal(tmp_path, data, texts_read, what, done):
     (tmp_path / "udhr_eng.xml").write_bytes(data)
-    with pytest.raises(texts.TextError, match=message):
-        list(texts.read_udhr(tmp_path))
+    (tmp_path / "udhr_fra.xml").write_bytes(FRA)
+    stats = texts.SourceStats()
+    got = [(t.id, t.script, t.text) for t in texts.read_udhr(tmp_path, stats)]
+    assert got == [*texts_read, ("udhr:fra:article-1:1", "Latn", "Article premier.")]
+    mine = [a for a in stats.anomalies if a.file == "udhr_eng.xml"]
+    assert any(a.what.startswith(what) and a.done == done and a.source == "udhr" for a in mine), mine
+    assert not [a for a in stats.anomalies if a.file == "udhr_fra.xml"]
+    assert stats.files == 2 and stats.skipped_files == (0 if texts_read else 1)
 
 
 def test_udhr_source_without_translations(tmp_path):
@@ -222,11 +239,22 @@ def test_udhr_source_without_translations(tmp_path):
         list(texts.read_udhr(tmp_path / "notes.txt"))
 
 
-def test_udhr_duplicate_paragraph_ids(tmp_path):
-    data = udhr_xml("eng", [("1", ["x"]), ("1", ["y"])])
-    (tmp_path / "udhr_eng.xml").write_bytes(data)
-    with pytest.raises(texts.TextError, match=r"udhr_eng\.xml: paragraph udhr:eng:article-1:1 also comes"):
-        list(texts.read_udhr(tmp_path))
+def test_udhr_two_files_with_one_key_keep_the_first_in_name_order(tmp_path):
+    """Two files claiming key 'eng': the first by name is read, the other skipped, in any archive order."""
+    docs = {"udhr_eng.xml": udhr_xml("eng", [("1", ["first"])]),
+            "udhr_eng_copy.xml": udhr_xml("eng", [("1", ["second"])])}
+    for order in (list(docs), list(reversed(docs))):
+        archive = tmp_path / f"{order[0]}.zip"
+        with zipfile.ZipFile(archive, "w") as z:
+            for name in order:
+                z.writestr(name, docs[name])
+        stats = texts.SourceStats()
+        got = [(t.id, t.text) for t in texts.read_udhr(archive, stats)]
+        assert got == [("udhr:eng:article-1:1", "first")]
+        assert [(a.file, a.what, a.done) for a in stats.anomalies] == [
+            ("udhr_eng_copy.xml", "key='eng' differs from the file name's 'eng_copy'", "used the attribute"),
+            ("udhr_eng_copy.xml", "key 'eng' was already read from udhr_eng.xml (files are read in name "
+             "order)", "skipped the file")]
 
 
 # --- registry and requests ------------------------------------------------------------------------

@@ -131,9 +131,12 @@ def select(args) -> int:
         frag.outputs.append(args.out)
         frag.table("Texts per language and script", texts.counts_table(records))
         frag.table("Texts per script", texts.scripts_table(records))
+        # Odd source files are read or skipped, never fatal; this table says which and why.
+        frag.table("Source anomalies", texts.anomalies_table(chosen.anomalies))
         for note in chosen.notes:
             frag.note(note)
-    print(f"encoder-study parity select: wrote {len(records)} texts to {args.out}")
+    print(f"encoder-study parity select: wrote {len(records)} texts to {args.out}; "
+          f"{len(chosen.anomalies)} source anomalies listed in {args.provenance}")
     return 0
 
 

@@ -5,11 +5,21 @@ Sources, read with the standard library:
 - Tatoeba's weekly export `sentences.csv` (inside https://downloads.tatoeba.org/exports/sentences.tar.bz2,
   or extracted). MySQL writes it with `SELECT ... INTO OUTFILE`: one sentence a line, three fields
   separated by tabs (sentence id, ISO 639-3 code or `\\N` for none, text); a backslash escapes a
-  tab, a newline or a backslash inside the text, and `\\N` alone is NULL.
+  tab, a newline or a backslash inside the text, and `\\N` alone is NULL. Sentences of unknown
+  language (`\\N`, or an empty field, which an old Tatoeba bug left for some) are skipped on purpose
+  and counted; so are those in `TATOEBA_NOT_ISO`. A line that breaks the format raises TextError.
 - The UDHR in XML (https://unicode.org/udhr/assemblies/udhr_xml.zip): one `udhr_<key>.xml` per
   translation, root `udhr` in namespace http://www.unhchr.ch/udhr with attributes `key`, `n` (the
   name), `xml:lang`, and usually `iso639-3` and `iso15924`. Paragraphs are the `para` elements of
-  the `preamble` and of each `article` (also those inside lists); titles are not text.
+  the `preamble` and of each `article` (also those in lists, nested or not); titles and notes are
+  not text. A paragraph is keyed by its place: `udhr:<key>:article-<k>:<i>` is the i-th paragraph
+  of the k-th article in document order, whatever number the article prints (the real udhr_shk.xml
+  numbers its 29th article "2"), and an article without a `number` attribute is keyed the same way.
+  Real files are messy, and no single file stops the selection: one that cannot be read (not
+  well-formed, no usable key or language, a key an earlier file in name order has, no text) is
+  skipped; one that is odd but readable (an article numbered out of place, another namespace or
+  none, empty paragraphs, a bad script code) is read. Every such anomaly (file, what was odd, what
+  was done) goes into the `parity select` fragment's table "Source anomalies".
 
 Selection (the same records for every model, so the parity tables compare models on equal texts):
 
@@ -47,9 +57,10 @@ import re
 import tarfile
 import xml.etree.ElementTree as ET
 import zipfile
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import regex
@@ -242,15 +253,28 @@ def _mysql_fields(body: str) -> list[str | None]:
     return fields
 
 
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """Something odd in a source and what the reader did about it, for the provenance fragment."""
+
+    source: str
+    file: str
+    what: str
+    done: str
+
+
 @dataclass
 class SourceStats:
-    """What a reader saw, for the provenance note."""
+    """What a reader saw, for the provenance note and its table of anomalies."""
 
     records: int = 0
-    no_language: int = 0
+    no_language: int = 0     # Tatoeba's `\N`
+    empty_language: int = 0  # Tatoeba lines whose language field is empty instead of `\N`
     not_iso: int = 0
     empty: int = 0
     files: int = 0
+    skipped_files: int = 0
+    anomalies: list[Anomaly] = field(default_factory=list)
 
 
 def read_tatoeba(path: str | os.PathLike, stats: SourceStats | None = None) -> Iterator[Text]:
@@ -260,6 +284,7 @@ def read_tatoeba(path: str | os.PathLike, stats: SourceStats | None = None) -> I
     seen = bytearray()  # one bit per sentence id: duplicates found without a set of 13 million ints
     seen_large: set[int] = set()
     good_codes: set[str] = set()  # codes already checked: the check runs once per language, not per line
+    before = (stats.no_language, stats.empty_language, stats.not_iso)  # the stats may span several reads
     with _open_tatoeba(path) as (name, stream):
         stats.files += 1
         for number, body in _logical_lines(name, stream):
@@ -294,6 +319,9 @@ def read_tatoeba(path: str | os.PathLike, stats: SourceStats | None = None) -> I
             if lang is None:
                 stats.no_language += 1  # Tatoeba's `\N`: nobody said which language it is
                 continue
+            if lang == "":
+                stats.empty_language += 1  # an old Tatoeba bug stored "unknown" as '' instead of NULL
+                continue
             if lang in TATOEBA_NOT_ISO:
                 stats.not_iso += 1
                 continue
@@ -301,19 +329,40 @@ def read_tatoeba(path: str | os.PathLike, stats: SourceStats | None = None) -> I
                 good_codes.add(check_code(lang, where))
             script = LANGUAGES.get(lang, (None, None))[1]
             yield Text(f"tatoeba:{n}", "tatoeba", lang, script, text, where)
+    short = path.name if name == str(path) else f"{path.name}:{name[len(str(path)) + 1:]}"
+    counts = (stats.no_language, stats.empty_language, stats.not_iso)
+    whats = ("language \\N (unknown)", "an empty language field (an old Tatoeba bug; means \\N)",
+             f"a code that names no natural language ({', '.join(sorted(TATOEBA_NOT_ISO))})")
+    for now, then, what in zip(counts, before, whats, strict=True):
+        count = now - then
+        if count:
+            stats.anomalies.append(Anomaly("tatoeba", short, f"{count} sentence(s) with {what}",
+                                           "skipped deliberately, counted"))
 
 
 # --- UDHR -----------------------------------------------------------------------------------------
 
-def _udhr_documents(path: Path) -> Iterator[tuple[str, str, bytes]]:
-    """(name for messages, key from the file name, bytes) of every udhr_<key>.xml, sorted by name."""
+UDHR_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # no ':' so that `udhr:<key>:...` ids stay unique
+# Elements whose paragraphs are not the declaration's text: headings and editorial notes.
+UDHR_NOT_TEXT = frozenset({"title", "note"})
+ZIP_READ_ERRORS = (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError, zlib.error)
+
+
+def _udhr_documents(path: Path) -> Iterator[tuple[str, str, str, bytes | Exception]]:
+    """(name for messages, short name for the table, key from the file name, bytes or the error that
+    kept them from being read) of every udhr_<key>.xml, sorted by name: the order fixes which of two
+    files with one key is kept, so it must not depend on the order of the directory or archive."""
     if path.is_dir():
         found = sorted(p for p in path.iterdir() if p.is_file() and UDHR_FILE.search(p.name))
         if not found:
             raise TextError(f"{path}: no udhr_<key>.xml files in this directory; give the UDHR's "
                             "udhr_xml.zip or the directory it unpacks to")
         for p in found:
-            yield str(p), UDHR_FILE.search(p.name)[1], p.read_bytes()
+            try:
+                data: bytes | Exception = p.read_bytes()
+            except OSError as err:
+                data = err
+            yield str(p), p.name, UDHR_FILE.search(p.name)[1], data
         return
     if not path.is_file():
         raise TextError(f"{path}: no such file or directory; give the UDHR's udhr_xml.zip or a directory "
@@ -322,64 +371,177 @@ def _udhr_documents(path: Path) -> Iterator[tuple[str, str, bytes]]:
         raise TextError(f"{path}: not a zip archive; give the UDHR's udhr_xml.zip or a directory of "
                         "udhr_<key>.xml files")
     with zipfile.ZipFile(path) as archive:
-        names = sorted(n for n in archive.namelist() if UDHR_FILE.search(n))
-        if not names:
+        # Two members may share a name; CRC and size then order them whatever the archive's order.
+        infos = sorted((i for i in archive.infolist() if not i.is_dir() and UDHR_FILE.search(i.filename)),
+                       key=lambda i: (i.filename, i.CRC, i.file_size))
+        if not infos:
             raise TextError(f"{path}: the archive holds no udhr_<key>.xml files; give the UDHR's "
                             "udhr_xml.zip")
-        for n in names:
-            yield f"{path}:{n}", UDHR_FILE.search(n)[1], archive.read(n)
+        for info in infos:
+            try:
+                data = archive.read(info)
+            except ZIP_READ_ERRORS as err:
+                data = err
+            yield f"{path}:{info.filename}", info.filename, UDHR_FILE.search(info.filename)[1], data
 
 
-def _sections(root: ET.Element) -> Iterator[tuple[str, ET.Element]]:
-    articles = 0
+def _local(tag) -> str:
+    """An element's name without its namespace ('' for a comment or processing instruction)."""
+    return tag.rpartition("}")[2] if isinstance(tag, str) else ""
+
+
+def _paragraphs(element: ET.Element) -> Iterator[ET.Element]:
+    """The `para` elements under `element` in document order, lists nested at any depth included; not
+    those of a title or note, nor a para inside a para (the outer one's text holds it already).
+    A stack, not recursion, so that no nesting depth can raise."""
+    stack = [iter(element)]
+    while stack:
+        child = next(stack[-1], None)
+        if child is None:
+            stack.pop()
+            continue
+        name = _local(child.tag)
+        if name == "para":
+            yield child
+        elif name not in UDHR_NOT_TEXT:
+            stack.append(iter(child))
+
+
+def _listed(items: list[str], limit: int = 6) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+class _Document:
+    """One UDHR file being read: its anomalies go to the stats under its short name."""
+
+    def __init__(self, name: str, short: str, stats: SourceStats):
+        self.name, self.short, self.stats = name, short, stats
+
+    def odd(self, what: str, done: str) -> None:
+        self.stats.anomalies.append(Anomaly("udhr", self.short, what, done))
+
+    def skip(self, what: str) -> list[Text]:
+        self.odd(what, "skipped the file")
+        self.stats.skipped_files += 1
+        return []
+
+
+def _read_document(doc: _Document, file_key: str, data: bytes | Exception, claimed: dict[str, str]
+                   ) -> list[Text]:
+    """The non-empty paragraphs of one UDHR file, keyed by their place in the document; [] (and an
+    anomaly saying why) for a file that cannot be read."""
+    if isinstance(data, Exception):
+        return doc.skip(f"could not be read ({type(data).__name__}: {data})")
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError as err:
+        line, column = err.position
+        reason = re.sub(r": line \d+, column \d+$", "", str(err))  # the place is said already
+        return doc.skip(f"not well-formed XML at line {line}, column {column} ({reason})")
+    except (ValueError, LookupError) as err:  # e.g. an encoding expat does not know
+        return doc.skip(f"not readable as XML ({err})")
+    if _local(root.tag) != "udhr":
+        return doc.skip(f"root element is <{_local(root.tag) or root.tag}>, not <udhr>")
+    namespace = root.tag[1:].partition("}")[0] if root.tag.startswith("{") else ""
+    if namespace != UDHR_NS:
+        shown = f"namespace {namespace!r}" if namespace else "no namespace"
+        doc.odd(f"<udhr> in {shown}, not {UDHR_NS}", "read it by element names alone")
+
+    attribute = root.get("key")
+    if attribute is not None and UDHR_KEY.fullmatch(attribute.strip()):
+        key = attribute.strip()
+        if key != file_key:
+            doc.odd(f"key={key!r} differs from the file name's {file_key!r}", "used the attribute")
+    elif UDHR_KEY.fullmatch(file_key):
+        key = file_key
+        doc.odd("no key attribute" if attribute is None else f"key={attribute!r} is not a usable key",
+                f"used the file name's key {file_key!r}")
+    else:
+        return doc.skip(f"no usable key (attribute {attribute!r}, file name {file_key!r})")
+    if key in claimed:
+        return doc.skip(f"key {key!r} was already read from {claimed[key]} (files are read in name order)")
+
+    code = root.get("iso639-3")
+    if code is not None:
+        code = code.strip()
+        if not LANG_CODE.fullmatch(code):
+            return doc.skip(f"iso639-3={code!r} is not an ISO 639-3 code (three lowercase letters), so "
+                            "its language is unknown")
+        lang = code
+    else:
+        lang = key.split("_")[0]
+        if not LANG_CODE.fullmatch(lang):
+            return doc.skip(f"no iso639-3 attribute, and the key {key!r} does not begin with a code")
+        doc.odd("no iso639-3 attribute", f"took the language {lang!r} from the key")
+    script = root.get("iso15924")
+    registered = LANGUAGES.get(lang, (None, None))[1]
+    if script is not None and not SCRIPT_CODE.fullmatch(script.strip()):
+        doc.odd(f"iso15924={script!r} is not a script code",
+                f"used the registry's script {registered!r}" if registered else
+                "no script: its texts are not eligible")
+        script = None
+    script = script.strip() if script is not None else registered
+
+    found: list[Text] = []
+    empty: list[str] = []
+    preambles = articles = 0
     for child in root:
-        if child.tag == f"{{{UDHR_NS}}}preamble":
-            yield "preamble", child
-        elif child.tag == f"{{{UDHR_NS}}}article":
+        name = _local(child.tag)
+        if name == "preamble":
+            preambles += 1
+            section = "preamble" if preambles == 1 else f"preamble-{preambles}"
+            if preambles > 1:
+                doc.odd(f"<preamble> number {preambles} in the file", f"read it as {section}")
+            element_name = "preamble"
+        elif name == "article":
             articles += 1
-            yield f"article-{child.get('number', str(articles))}", child
+            section = f"article-{articles}"  # its place among the articles, whatever it is numbered
+            number = child.get("number")
+            element_name = "article" if number is None else f"article number={number!r}"
+            if number is None:
+                doc.odd(f"article {articles} (in document order) has no number attribute",
+                        f"keyed by its place: {section}")
+            elif number.strip() != str(articles):
+                doc.odd(f"article {articles} (in document order) is numbered {number!r}",
+                        f"keyed by its place: {section}")
+        else:
+            continue  # title, note: not the declaration's text
+        paras = 0
+        for index, para in enumerate(_paragraphs(child), 1):
+            paras = index
+            doc.stats.records += 1
+            text = "".join(para.itertext()).strip()
+            if not text:
+                doc.stats.empty += 1  # unfinished translations leave paragraphs empty
+                empty.append(f"{section} para {index}")
+                continue
+            where = f"{doc.name}, element <{element_name}> ({section}), para {index}"
+            found.append(Text(f"udhr:{key}:{section}:{index}", "udhr", lang, script, text, where))
+        if not paras:
+            doc.odd(f"{section} has no paragraph", "nothing to read there")
+    if empty:
+        doc.odd(f"{len(empty)} empty paragraph(s): {_listed(empty)}", "skipped them")
+    if not found:
+        return doc.skip("no non-empty paragraph in a <preamble> or <article>")
+    claimed[key] = doc.short
+    return found
 
 
 def read_udhr(path: str | os.PathLike, stats: SourceStats | None = None) -> Iterator[Text]:
-    """Every non-empty paragraph of the preamble and the articles of every translation."""
+    """Every non-empty paragraph of the preamble and the articles of every translation, keyed by its
+    place in the document (`udhr:<key>:article-<k>:<i>`: the k-th article, its i-th paragraph).
+
+    Real files are messy; none stops the reading. A file that cannot be read (not XML, no key or
+    language, a key an earlier file has, nothing in it) is skipped; what is odd but readable (an
+    article numbered out of place, another namespace, empty paragraphs) is read. Each is recorded in
+    `stats.anomalies`. Only a source that is no UDHR assembly at all raises TextError.
+    """
     path = Path(path)
     stats = stats if stats is not None else SourceStats()
-    seen: dict[str, str] = {}
-    for name, file_key, data in _udhr_documents(path):
+    claimed: dict[str, str] = {}  # key -> the file it was read from
+    for name, short, file_key, data in _udhr_documents(path):
         stats.files += 1
-        try:
-            root = ET.fromstring(data)
-        except ET.ParseError as err:
-            line, column = err.position
-            raise TextError(f"{name}, line {line}, column {column}: not well-formed XML ({err}); "
-                            "download the UDHR again or fix the file") from None
-        if root.tag != f"{{{UDHR_NS}}}udhr":
-            raise TextError(f"{name}: root element is <{root.tag}>, expected <udhr> in namespace {UDHR_NS}; "
-                            "this is not a UDHR XML file: remove it from the source")
-        key = root.get("key") or file_key
-        where = f"{name}, element <udhr key={key!r}>"
-        lang = check_code(root.get("iso639-3") or key.split("_")[0], where)
-        script = root.get("iso15924")
-        if script is not None and not SCRIPT_CODE.fullmatch(script):
-            raise TextError(f"{where}: iso15924={script!r} is not a script code (four letters, the first "
-                            "capital, e.g. 'Latn'); correct the attribute")
-        script = script or LANGUAGES.get(lang, (None, None))[1]
-        for section, element in _sections(root):
-            paras = element.iter(f"{{{UDHR_NS}}}para")
-            for index, para in enumerate(paras, 1):
-                text_id = f"udhr:{key}:{section}:{index}"
-                text = "".join(para.itertext()).strip()
-                stats.records += 1
-                if not text:
-                    stats.empty += 1  # unfinished translations leave paragraphs empty
-                    continue
-                if text_id in seen:
-                    raise TextError(f"{name}: paragraph {text_id} also comes from {seen[text_id]}; each key "
-                                    "and article must occur once: remove the duplicate file or article")
-                seen[text_id] = name
-                element_name = section if section == "preamble" else f"article number={section[8:]!r}"
-                yield Text(text_id, "udhr", lang, script, text,
-                           f"{name}, element <{element_name}> para {index}")
+        yield from _read_document(_Document(name, short, stats), file_key, data, claimed)
 
 
 # --- cutting --------------------------------------------------------------------------------------
@@ -564,11 +726,13 @@ def select_texts(sources: dict[str, Iterable[Text]], counts: dict[str, int], see
 
 @dataclass
 class Chosen:
-    """A selection with what made it: the source files read and notes for a reader of the fragment."""
+    """A selection with what made it: the source files read, notes for a reader of the fragment, and
+    every anomaly the readers met (in source order, then file name, then document order)."""
 
     selection: Selection
     inputs: list[Path]
     notes: list[str]
+    anomalies: list[Anomaly] = field(default_factory=list)
 
 
 def choose(given: dict[str, str | None], sha256s: dict[str, str], counts: dict[str, int], seed: int,
@@ -609,16 +773,32 @@ def choose(given: dict[str, str | None], sha256s: dict[str, str], counts: dict[s
         skipped = sum(pool.ineligible.values())
         top = ", ".join(f"{c} ({n})" for c, n in sorted(pool.ineligible.items(),
                                                          key=lambda kv: (-kv[1], kv[0]))[:12])
-        notes.append(f"{source}: {st.records} records in {st.files} file(s); {sum(pool.available.values())} "
-                     f"eligible in {len(pool.available)} language/script groups; {skipped} in languages not "
-                     f"asked for or not in the registry{': ' + top if top else ''}"
-                     + (f"; {st.no_language} without a language (\\N)" if st.no_language else "")
-                     + (f"; {st.not_iso} with a non-ISO code ({', '.join(sorted(TATOEBA_NOT_ISO))})"
-                        if st.not_iso else "")
-                     + (f"; {st.empty} empty paragraphs" if st.empty else ""))
+        if source == "tatoeba":
+            # Stated even when 0, so a reader sees that unknown languages were looked for.
+            odd = (f"; {st.no_language} without a language (\\N), skipped"
+                   + (f"; {st.empty_language} with an empty language field, skipped" if st.empty_language
+                      else "")
+                   + (f"; {st.not_iso} with a non-ISO code ({', '.join(sorted(TATOEBA_NOT_ISO))}), skipped"
+                      if st.not_iso else ""))
+        else:
+            odd = f"; {st.skipped_files} file(s) skipped; {st.empty} empty paragraphs skipped"
+        eligible = sum(pool.available.values())
+        notes.append(f"{source}: {st.records} records in {st.files} file(s){odd}; {eligible} eligible in "
+                     f"{len(pool.available)} language/script groups; {skipped} in languages not asked for or "
+                     f"not in the registry{': ' + top if top else ''}")
+    anomalies = [a for source in SOURCES for a in stats[source].anomalies]
+    notes.append(f"{len(anomalies)} source anomalies, each with what was done: see the table Source "
+                 "anomalies")
     notes.append("rule: within each language/script group, texts in order of SHA-256(seed, source, id); "
-                 "groups visited with scripts alternating; see encoder_study.data.texts")
-    return Chosen(selection, inputs, notes)
+                 "groups visited with scripts alternating; UDHR paragraphs keyed by their place in the "
+                 "document; see encoder_study.data.texts")
+    return Chosen(selection, inputs, notes, anomalies)
+
+
+def anomalies_table(anomalies: list[Anomaly]) -> str:
+    """The anomalies the readers met: source, file, what was odd, what was done (one row if none)."""
+    rows = [(a.source, a.file, a.what, a.done) for a in anomalies] or [("-", "-", "none found", "-")]
+    return markdown_table(["source", "file", "what was odd", "what was done"], rows, "llll")
 
 
 def write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
