@@ -1,5 +1,6 @@
 """The workflow as a user meets it: dry run, lint, config validation, and a small real run in a copy."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -171,6 +172,31 @@ def test_slurm_profile_settings_in_a_dry_run_of_the_full_study():
     cluster = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())
     assert not set(local) & set(cluster), set(local) & set(cluster)
     assert cluster["latency-wait"] == 60 and set(cluster["default-resources"]) == {"slurm_partition"}
+
+
+def test_the_real_data_config_resolves_with_local_copies(tmp_path):
+    """config/ewt-minilm.yaml as an offline user runs it: local treebank files with their SHA-256."""
+    import hashlib
+
+    override = {"texts": {"tatoeba": str(ROOT / "config/texts/tatoeba_sample.tsv"),
+                          "udhr": str(ROOT / "config/texts/udhr_sample")}, "treebank": {}}
+    for split in ("train", "dev", "test"):
+        path = tmp_path / f"en_ewt-ud-{split}.conllu"
+        path.write_text("# text = Hi.\n1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\tSpaceAfter=No\n"
+                        "2\t.\t.\tPUNCT\t_\t_\t1\tpunct\t_\t_\n\n")
+        override["treebank"][split] = f"file://{path}"
+        override["treebank"][f"{split}_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (tmp_path / "local.yaml").write_text(json.dumps(override))
+    result = snakemake("-n", "--cores", "2", "tagging", "writeback", "--configfile", "config/ewt-minilm.yaml",
+                       str(tmp_path / "local.yaml"))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for split in ("train", "dev", "test"):
+        assert f"file://{tmp_path}/en_ewt-ud-{split}.conllu" in out
+    assert "rule parity_fetch:" not in out  # local text sources are read in place
+    for run in ("minilm-frozen-mean", "minilm-frozen-first", "minilm-finetuned"):
+        assert f"results/tagging/{run}/scores.csv" in out
+    assert "--lr 5e-05" in out and "--epochs 1" in out  # the study's fine-tuning settings
 
 
 @pytest.fixture(scope="module")
