@@ -37,6 +37,7 @@ localrules:
     all,
     export,
     export_acquire,
+    export_table,
     parity,
     parity_fetch,
     parity_select,
@@ -69,3 +70,4 @@ rule all:
         rules.writeback.input,
         rules.retrieval.input,
         rules.student.input,
+        rules.export_table.output,  # every export's row needs the student and retrieval

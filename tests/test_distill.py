@@ -396,3 +396,93 @@ def test_two_ranks_match_one_process_over_the_global_batch(tiny_exports, tmp_pat
                      for k in single["student"])
     print(f"with the wrong windows: {wrong_diff:.3g}")
     assert wrong_diff > 1e-4
+
+
+# --- device, precision, progress -------------------------------------------------------------------------
+
+def test_device_choices_resolve_and_cuda_is_refused_without_a_gpu(monkeypatch):
+    assert train.resolve_device("cpu", 1) == torch.device("cpu")
+    with monkeypatch.context() as patch:  # what auto and cuda give on a GPU node: the rank's GPU
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        assert train.resolve_device("auto", 1) == torch.device("cuda", 1)
+        assert train.resolve_device(None, 0) == torch.device("cuda", 0)
+        assert train.resolve_device("cuda", 1) == torch.device("cuda", 1)
+        assert train.resolve_device("cpu", 1) == torch.device("cpu")
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        assert train.resolve_device("auto", 1) == torch.device("cpu")
+        with pytest.raises(DistillError, match="sees no CUDA device.*envs/torch-cuda.txt"):
+            train.resolve_device("cuda")
+    with pytest.raises(DistillError, match="expected one of"):
+        train.resolve_device("gpu")
+    with pytest.raises(DistillError, match="expected one of"):
+        train.check_precision("fp16", torch.device("cpu"))
+
+
+def test_cuda_determinism_fixes_the_cublas_workspace_before_cuda_starts(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    before = (cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
+    try:  # set by hand and restored by hand: cuBLAS's module object cannot be monkeypatched
+        cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = False, True, True, True
+        train.cuda_determinism()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == train.CUBLAS_WORKSPACE
+        assert cudnn.deterministic and not cudnn.benchmark
+        assert not cudnn.allow_tf32 and not matmul.allow_tf32
+    finally:
+        cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = before
+
+
+def _distill(teacher, workdir, run=TINY_RUN, **kwargs):
+    options = {"amounts": None, "device": "cpu", "progress": False, **kwargs}
+    return train.distill(teacher, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT, run,
+                         workdir / "checkpoint.pt", workdir / "student.pt", **options)
+
+
+def test_bf16_autocast_trains_in_float32_weights_and_is_part_of_the_identity(tiny_exports, tmp_path, capsys):
+    teacher = tiny_exports["bert-tiny"]
+    fp32 = _distill(teacher, tmp_path / "fp32", precision="fp32", progress=True)
+    bf16 = _distill(teacher, tmp_path / "bf16", precision="bf16")
+    saved32, saved16 = (torch.load(tmp_path / d / "student.pt", weights_only=True) for d in ("fp32", "bf16"))
+    assert saved16["fingerprint"]["precision"] == "bf16" and saved32["fingerprint"]["precision"] == "fp32"
+    assert saved16["fingerprint"]["device"] == "cpu"
+    assert all(v.dtype == torch.float32 for v in saved16["state_dict"].values() if v.is_floating_point())
+    assert all(math.isfinite(r["loss"]) for r in bf16)
+    # bf16 products round to 8 bits of mantissa: the losses are near the float32 ones, not equal.
+    assert [r["loss"] for r in bf16] != [r["loss"] for r in fp32]
+    assert bf16[-1]["loss"] == pytest.approx(fp32[-1]["loss"], rel=0.1)
+    # A line per log row on stderr, with the time left; none without `progress`.
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("distill step")]
+    assert [line.split()[2] for line in lines] == ["2/6", "4/6", "6/6"]
+    assert all(" loss " in line and " elapsed 0:" in line and " left 0:" in line for line in lines)
+    assert lines[-1].endswith("left 0:00:00")
+
+
+def test_a_checkpoint_resumes_only_on_its_device_type_and_precision(tiny_exports, tmp_path, monkeypatch):
+    """What a GPU's checkpoint meets on a CPU node: refused, naming the device (the fingerprint is the
+    one a CUDA run writes; CUDA itself cannot run here)."""
+    teacher, run = tiny_exports["bert-tiny"], dict(TINY_RUN, chunk_steps=2)
+    with monkeypatch.context() as patch:
+        crash_before(patch, 2)
+        with pytest.raises(Crash):
+            _distill(teacher, tmp_path, run, device="cpu")
+    checkpoint = tmp_path / "checkpoint.pt"
+    assert torch.load(checkpoint, weights_only=True)["step"] == 2
+    with pytest.raises(train.CheckpointError, match="precision: 'fp32' then, 'bf16' now"):
+        _distill(teacher, tmp_path, run, precision="bf16")
+    state = torch.load(checkpoint, weights_only=True)
+    state["fingerprint"]["device"] = "cuda"
+    torch.save(state, checkpoint)
+    with pytest.raises(train.CheckpointError, match="device: 'cuda' then, 'cpu' now"):
+        _distill(teacher, tmp_path, run, device="cpu")
+    assert not (tmp_path / "student.pt").exists()
+
+
+def test_the_device_used_reaches_the_fragment(tiny_exports, tmp_path):
+    from encoder_study import provenance
+
+    _distill(tiny_exports["bert-tiny"], tmp_path, device="auto")
+    facts = provenance.device()
+    assert facts["torch device"].split(", ")[0] == "cpu"
+    assert "fp32" in facts["torch precision"]
+    assert facts["torch CUDA"] == "not available" and facts["torch CUDA build"] == "none (CPU build)"

@@ -16,7 +16,7 @@ def command(*argv: str) -> int:
 
 def _fragment(tmp_path: Path) -> tuple[Path, Path, Path]:
     data = tmp_path / "results" / "table.csv"
-    data.parent.mkdir(parents=True)
+    data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("a,b\n1,2\n")
     inp = tmp_path / "config.json"
     inp.write_text("{}")
@@ -102,3 +102,208 @@ def test_write_torch_gives_bytes_that_depend_on_the_object_alone(tmp_path):
     assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "sub" / "other-name.pt").read_bytes()
     assert torch.equal(torch.load(tmp_path / "a.pt", weights_only=True)["weights"], record["weights"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "sub"]  # no temporary file left
+
+
+# -- JSON twins, verify on the twins, verify --env ------------------------------------------------
+
+def test_twin_states_the_same_facts_as_the_markdown(tmp_path):
+    import json
+
+    import encoder_study
+
+    frag, inp, data = _fragment(tmp_path)
+    record = json.loads(provenance.twin(frag).read_text())
+    text = frag.read_text()
+    assert record["format"] == provenance.RECORD_FORMAT
+    assert (record["rule"], record["recipe"], record["wildcards"]) == ("make_table", "demo", "x")
+    assert record["command"] == "encoder-study demo" and record["settings"] == {"seed": 3}
+    assert record["version"] == encoder_study.__version__
+    assert f"| encoder-study version | {encoder_study.__version__} |" in text
+    assert set(record["code"]) == {"commit", "dirty", "changed_files"}
+    assert record["machine"]["python"] and record["libraries"]["numpy"] != "not installed"
+    assert record["started"] <= record["finished"] and record["threads"] == 2
+    rows = [(f["role"], f["path"], f["bytes"], f["sha256"]) for f in record["files"]]
+    assert rows == provenance.fragment_files(text)  # the Markdown's Files table, row for row
+    assert rows[1][3] == files.sha256_file(data)
+    assert record["tables"][0]["title"] == "Table" and record["tables"][0]["markdown"] in text
+    assert record["markdown"]["sha256"] == files.sha256_file(frag)
+    assert provenance.render({k: v for k, v in record.items() if k != "markdown"}) == text
+
+
+def test_extra_sections_of_a_record_appear_in_the_markdown(tmp_path):
+    """A mapping the renderer does not know (the device, say) gets a section of its own."""
+    frag, _, _ = _fragment(tmp_path)
+    record = provenance.read_record(provenance.twin(frag))
+    record["device"] = {"gpu": "none", "execution provider": "CPUExecutionProvider"}
+    text = provenance.render(record)
+    assert "## Device\n" in text and "| execution provider | CPUExecutionProvider |" in text
+
+
+def test_verify_reads_the_twin_not_the_markdown(tmp_path):
+    import json
+
+    frag, _, data = _fragment(tmp_path)
+    root = tmp_path / "provenance"
+    twin = provenance.twin(frag)
+    record = json.loads(twin.read_text())
+    record["files"][1]["sha256"] = "0" * 64  # only the twin changes: the Markdown still matches the data
+    twin.write_text(json.dumps(record))
+    problems = provenance.verify(root, ".")
+    assert len(problems) == 1 and str(data) in problems[0] and "0" * 64 in problems[0]
+
+
+def test_verify_names_a_missing_twin_a_missing_markdown_and_an_edited_markdown(tmp_path):
+    frag, _, _ = _fragment(tmp_path)
+    root = tmp_path / "provenance"
+    frag.write_text(frag.read_text().replace("| seed | 3 |", "| seed | 4 |"))
+    assert ["differs from the Markdown" in p for p in provenance.verify(root, ".")] == [True]
+    provenance.twin(frag).unlink()
+    assert ["no JSON twin" in p for p in provenance.verify(root, ".")] == [True]
+    frag2, _, _ = _fragment(tmp_path)  # both again, then the Markdown goes
+    frag2.unlink()
+    problems = provenance.verify(root, ".")
+    assert ["Markdown fragment make_table-x.md is missing" in p for p in problems] == [True]
+
+
+def test_a_broken_twin_is_a_user_error_and_other_json_is_skipped(tmp_path):
+    frag, _, _ = _fragment(tmp_path)
+    root = tmp_path / "provenance"
+    (root / "ro-crate-metadata.json").write_text('{"@context": "x"}')  # not a twin: skipped
+    assert provenance.verify(root, ".") == []
+    provenance.twin(frag).write_text("{not json")
+    problems = provenance.verify(root, ".")
+    assert len(problems) == 1 and "not valid JSON" in problems[0] and "make_table-x.json" in problems[0]
+
+
+def test_environment_differences_name_each_package_and_python(tmp_path):
+    frag, _, _ = _fragment(tmp_path)
+    record = provenance.read_record(provenance.twin(frag))
+    record["libraries"] = {"numpy": "1.0.0", "torch": "2.13.0"}
+    record["machine"]["python"] = "3.11.0"
+    lines = provenance.environment_differences([record], installed={"numpy": "2.0.0", "torch": "2.13.0"},
+                                               python="3.12.1")
+    assert lines == [
+        "numpy: recorded 1.0.0 by 1 fragment(s) (e.g. demo/make_table-x), installed now 2.0.0",
+        "python: recorded 3.11.0 by 1 fragment(s) (e.g. demo/make_table-x), installed now 3.12.1",
+    ]
+    assert provenance.environment_differences([record], installed={"numpy": "1.0.0", "torch": "2.13.0"},
+                                              python="3.11.0") == []
+
+
+def test_verify_env_passes_on_this_environment_and_fails_on_an_edited_record(tmp_path, capsys):
+    import json
+
+    frag, _, _ = _fragment(tmp_path)
+    root = tmp_path / "provenance"
+    assert command("verify", "--root", str(root), "--base", ".", "--env") == 0
+    twin = provenance.twin(frag)
+    record = json.loads(twin.read_text())
+    record["libraries"]["numpy"] = "0.0.1"
+    twin.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert command("verify", "--root", str(root), "--base", ".") == 0  # hashes alone still match
+    assert command("verify", "--root", str(root), "--base", ".", "--env") == 1
+    assert "numpy: recorded 0.0.1 by 1 fragment(s)" in capsys.readouterr().err
+
+
+# -- explain ----------------------------------------------------------------------------------------
+
+def _job(path: str, inputs: list[str], outputs: dict[str, str], argv: list[str]) -> None:
+    for name, text in outputs.items():
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        Path(name).write_text(text)
+    with provenance.Fragment(path, {"what": argv[-1]}, argv=["encoder-study", *argv]) as frag:
+        frag.inputs += inputs
+        frag.outputs += list(outputs)
+
+
+def _study(tmp_path, monkeypatch):
+    """A small chain with relative paths, as the workflow records them: a tiny model's architecture ->
+    acquire -> export -> two tagging runs -> a scores table with a row per run and split."""
+    monkeypatch.chdir(tmp_path)
+    Path("config/models").mkdir(parents=True)
+    Path("config/models/m.json").write_text('{"layers": 2}')
+    _job("provenance/tagging/tagging_treebank.md", [],
+         {"results/treebank/dev.conllu": "dev\n", "results/treebank/test.conllu": "test\n"}, ["treebank"])
+    _job("provenance/export/export_acquire-m.md", ["config/models/m.json"],
+         {"results/sources/m/source.json": "{}"}, ["export", "acquire"])
+    _job("provenance/export/export_model-m.md", ["results/sources/m/source.json"],
+         {"results/models/m/model.onnx": "onnx"}, ["export", "model"])
+    preds = []
+    for run in ("m-frozen", "m-finetuned"):
+        outs = {f"results/tagging/{run}/{s}.pred.conllu": f"{run} {s}\n" for s in ("dev", "test")}
+        outs[f"results/tagging/{run}/run.json"] = "{}"
+        _job(f"provenance/tagging/tagging_train-{run}.md",
+             ["results/models/m/model.onnx", "results/treebank/dev.conllu", "results/treebank/test.conllu"],
+             outs, ["tagging", "train", run])
+        preds += list(outs)
+    scores = "run,encoder,split,upos\n" + "".join(
+        f"{run},m,{split},{90 + i}.5\n" for i, (run, split) in enumerate(
+            [("m-finetuned", "dev"), ("m-finetuned", "test"), ("m-frozen", "dev"), ("m-frozen", "test")]))
+    _job("provenance/tagging/tagging_tables.md",
+         [*preds, "results/treebank/dev.conllu", "results/treebank/test.conllu"],
+         {"results/tagging/scores.csv": scores}, ["tagging", "tables"])
+
+
+def test_explain_a_row_follows_its_run_and_split_back_to_the_sources(tmp_path, monkeypatch, capsys):
+    _study(tmp_path, monkeypatch)
+    assert command("explain", "results/tagging/scores.csv", "--row", "m-finetuned,test") == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("results/tagging/scores.csv")
+    assert files.sha256_file("results/tagging/scores.csv") in first
+    assert "(matches the record)" in first
+    assert "row: run=m-finetuned, encoder=m, split=test, upos=91.5" in out
+    assert "made by tagging/tagging_tables" in out and "inputs for this row: 3 of 8" in out
+    # The row's own predictions and split; not the other run's, nor the dev predictions of this run.
+    table_inputs = [line.split()[1] for line in out.splitlines() if line.startswith("    - ")]
+    assert table_inputs == ["results/tagging/m-finetuned/test.pred.conllu",
+                            "results/tagging/m-finetuned/run.json", "results/treebank/test.conllu"]
+    assert "m-frozen" not in out and "m-finetuned/dev.pred.conllu" not in out
+    # Back to the model source (the architecture file, a source no job made) and the treebank.
+    for name in ("tagging/tagging_train-m-finetuned", "export/export_model-m", "export/export_acquire-m",
+                 "tagging/tagging_treebank"):
+        assert f"made by {name}" in out
+    assert f"config/models/m.json  13 bytes  sha256 {files.sha256_file('config/models/m.json')}" in out
+    assert "a source: no job made it" in out
+    assert "command: encoder-study export model" in out
+
+
+def test_explain_says_when_a_file_changed_and_refuses_unknown_files_and_rows(tmp_path, monkeypatch, capsys):
+    _study(tmp_path, monkeypatch)
+    Path("results/models/m/model.onnx").write_text("other")
+    assert command("explain", "results/models/m/model.onnx") == 0
+    assert "CHANGED since: now" in capsys.readouterr().out
+    assert command("explain", "results/nothing.csv") == 2
+    assert "no fragment under provenance names it as an output" in capsys.readouterr().err
+    assert command("explain", "results/tagging/scores.csv", "--row", "m-finetuned") == 2
+    err = capsys.readouterr().err
+    assert "2 rows match --row m-finetuned" in err and "m-finetuned,m,dev" in err
+    assert command("explain", "results/tagging/scores.csv", "--row", "test,m-finetuned") == 2  # column order
+    assert "no row match" in capsys.readouterr().err
+
+
+def test_explain_without_twins_is_a_user_error(tmp_path, capsys):
+    (tmp_path / "p").mkdir()
+    assert command("explain", "x.csv", "--root", str(tmp_path / "p")) == 2
+    assert "no provenance fragments with JSON twins" in capsys.readouterr().err
+
+
+# -- version ------------------------------------------------------------------------------------------
+
+def test_package_version_is_pyprojects_and_the_changelogs_latest():
+    import re
+    import tomllib
+
+    import encoder_study
+
+    repo = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((repo / "workflow" / "lib" / "pyproject.toml").read_text())["project"]
+    assert project["version"] == encoder_study.__version__
+    # Fragments record both; a stale install (pip install -e workflow/lib not rerun) would disagree.
+    from importlib import metadata
+
+    installed = metadata.version("encoder-study")
+    assert installed == encoder_study.__version__, "reinstall: pip install -e workflow/lib"
+    latest = re.search(r"^## \[?(\d+\.\d+\.\d+)", (repo / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert latest and latest[1] == encoder_study.__version__

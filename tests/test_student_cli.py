@@ -48,7 +48,7 @@ def train_argv(teacher, out, udhr=True) -> list[str]:
             "--student", json.dumps(SHAPE), "--training", json.dumps(TRAINING),
             "--checkpoint", str(out / "checkpoints/distill.pt"), "--out", str(out / "student.pt"),
             "--loss-log", str(out / "training.csv"), "--plot", str(out / "training.png"), "--threads", "1",
-            "--provenance", str(out / "prov/student_distill.md")]
+            "--device", "cpu", "--precision", "fp32", "--provenance", str(out / "prov/student_distill.md")]
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,11 @@ from encoder_study.trainable.words import TrainableEncoder
 
 SIZES = {"train": 60, "dev": 20, "test": 20}
 # The settings a test does not choose (the library has no defaults; the config schema holds the workflow's).
-UNCHOSEN = {"seed": 0, "lr": 1e-3, "weight_decay": 0.01, "epochs": 0, "max_steps": 0, "warmup": 0,
-            "batch_words": 100, "eval_every": 0, "eval_batch_words": 2000, "clip": 1.0, "threads": 1}
+UNCHOSEN = {"optimizer": "adamw", "seed": 0, "lr": 1e-3, "weight_decay": 0.01, "epochs": 0, "max_steps": 0,
+            "warmup": 0, "batch_words": 100, "eval_every": 0, "eval_batch_words": 2000, "clip": 1.0,
+            "patience": 0, "threads": 1, "device": "cpu", "precision": "fp32"}
+# The frozen probe as the workflow trains it: full-batch L-BFGS (a step is an iteration and an epoch).
+LBFGS = {"optimizer": "lbfgs", "lr": 1.0, "clip": 0.0, "weight_decay": 1e-5}
 OPTIONS = runs.EncoderOptions(max_length=512, window_batch=8, max_batch_pieces=8192, freeze_embeddings=True)
 
 
@@ -294,9 +297,10 @@ def only_upos_differs(gold_path, pred_path) -> int:
 
 def train_argv(run_name: str, model_dir, out, prov, bank, **chosen) -> list[str]:
     """`tagging train` arguments: every option given, as the rule gives them."""
-    values = {"pooling": "mean", "seed": 0, "lr": 1e-3, "weight-decay": 0.01, "epochs": 0, "max-steps": 0,
-              "warmup": 0, "batch-words": 100, "eval-every": 0, "eval-batch-words": 2000, "clip": 1.0,
-              "threads": 1, "max-length": 512, "window-batch": 8, "max-batch-pieces": 8192, "chunk-steps": 0,
+    values = {"pooling": "mean", "optimizer": "adamw", "seed": 0, "lr": 1e-3, "weight-decay": 0.01,
+              "epochs": 0, "max-steps": 0, "patience": 0, "warmup": 0, "batch-words": 100, "eval-every": 0,
+              "eval-batch-words": 2000, "clip": 1.0, "threads": 1, "device": "cpu", "precision": "fp32",
+              "max-length": 512, "window-batch": 8, "max-batch-pieces": 8192, "chunk-steps": 0,
               "resamples": 100, "bootstrap-seed": 0, **chosen}
     return ["train", "--run", run_name, "--model-dir", str(model_dir), "--out-dir", str(out / run_name),
             "--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"]),
@@ -419,11 +423,12 @@ def test_step_time_rows_for_both_implementations(tiny_exports, models_dir, tmp_p
     assert rows[0]["max_abs"] < 1e-4  # the same weights on the same batch
     out = tmp_path / "step_time.csv"
     timing = ["--batch", "2", "--length", "8", "--warmup", "2", "--steps", "1", "--lr", "5e-5", "--seed", "0",
-              "--threads", "1"]
+              "--threads", "1", "--device", "auto"]  # auto: the CPU on a machine without a GPU
     assert run("step-time", "--model", str(tiny_exports["bert-tiny"]), str(source), "--out", str(out),
                *timing, "--provenance", str(tmp_path / "prov" / "tagging_step_time.md")) == 0
     table = read_csv(out)
     assert list(table[0]) == COLUMNS and [r["implementation"] for r in table] == list(IMPLEMENTATIONS)
+    assert {r["device"] for r in table} == {"cuda" if torch.cuda.is_available() else "cpu"}
     assert np.isfinite([float(r["total_s"]) for r in table]).all()
     with pytest.raises(StepTimeError, match="describes another source"):
         run("step-time", "--model", str(tiny_exports["bert-tiny"]),

@@ -195,8 +195,9 @@ def student_launcher():
 
 TREEBANK_SPLITS = ("train", "dev", "test")
 # A run's settings: these keys come from its entry, else from its mode's defaults (tagging.defaults).
-TRAIN_KEYS = ("lr", "epochs", "max_steps", "warmup", "batch_words", "eval_every", "eval_batch_words", "clip",
-              "weight_decay", "max_length", "window_batch", "max_batch_pieces", "chunk_steps")
+TRAIN_KEYS = ("optimizer", "lr", "epochs", "max_steps", "patience", "warmup", "batch_words", "eval_every",
+              "eval_batch_words", "clip", "weight_decay", "precision", "max_length", "window_batch",
+              "max_batch_pieces", "chunk_steps")
 
 
 def _runs(entries):

@@ -68,3 +68,31 @@ rule export:
     input:
         expand(rules.export_model.output.manifest, model=MODELS),
         recipe_target("export"),
+
+
+# The study's first table: every export (each model, the student, the retrieval graph) with its
+# source, ONNX bytes and SHA-256, read from the manifests. The student and the retrieval graph come
+# from rule files included later, hence the input function (called once every rule exists). Neither
+# the `export` target nor the export recipe's PROVENANCE.md lists it: either would make `snakemake
+# export` distil the student and build the retrieval graph. `all` lists it; verify and explain read
+# its fragment like any other.
+rule export_table:
+    input:
+        # The retrieval graph's output is its folder (the last input); its manifest lies inside.
+        manifests=lambda wc: expand(rules.export_model.output.manifest, model=MODELS)
+        + [rules.student_export.output.manifest, rules.retrieval_export.output.model],
+        code=lib_code("export", "table"),
+    output:
+        table="results/models/exports.csv",
+        markdown="results/models/exports.md",
+        prov=prov("export", "export_table"),
+    params:
+        # retrieval.json: encoder_study.retrieval.MANIFEST
+        manifests=lambda wc, input: input.manifests[:-1] + [os.path.join(input.manifests[-1], "retrieval.json")],
+    log:
+        "logs/export/export_table.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study export table --out {output.table:q} --markdown {output.markdown:q}"
+        " --provenance {output.prov:q} {params.manifests:q} > {log:q} 2>&1"

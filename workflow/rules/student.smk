@@ -24,13 +24,15 @@ rule student_distill:
         training=json.dumps(STUDENT_CFG["training"], sort_keys=True),
         # Outside results/student, whose outputs Snakemake deletes when a job fails: a retry resumes.
         checkpoint="results/checkpoints/student/distill.pt",
+        device=STUDENT_CFG["device"],
+        precision=STUDENT_CFG["precision"],
     threads: threads_for("student_distill")
     # The command saves a checkpoint every training.chunk_steps steps and resumes from it when rerun.
     retries: STUDENT_CFG["retries"]
     log:
         "logs/student/student_distill.log",
     benchmark:
-        "results/benchmarks/distill_student.tsv"
+        "results/benchmarks/student_distill.tsv"
     resources:
         mem_mb=resources_for("student_distill", "mem_mb"),
         runtime=resources_for("student_distill", "runtime"),
@@ -41,7 +43,8 @@ rule student_distill:
         "{params.launcher} student train --teacher-dir {params.teacher_dir:q} {params.corpus}"
         " --student {params.student:q} --training {params.training:q} --checkpoint {params.checkpoint:q}"
         " --out {output.weights:q} --loss-log {output.log:q} --plot {output.plot:q}"
-        " --threads {threads} --provenance {output.prov:q} >> {log:q} 2>&1"
+        " --threads {threads} --device {params.device} --precision {params.precision}"
+        " --provenance {output.prov:q} >> {log:q} 2>&1"
 
 
 rule student_export:
@@ -66,7 +69,7 @@ rule student_export:
     log:
         "logs/student/student_export.log",
     benchmark:
-        "results/benchmarks/export_student.tsv"
+        "results/benchmarks/student_export.tsv"
     conda:
         CONDA_ENV
     shell:

@@ -32,6 +32,10 @@ if config["treebank"]["source"] == "synthetic":
 
 else:
 
+    # A download: on the submitting host (see the Snakefile's localrules).
+    localrules:
+        tagging_fetch,
+
     rule tagging_fetch:
         input:
             code=lib_code("tagging", "fetch"),
@@ -79,6 +83,8 @@ rule tagging_train:
         checkpoint=lambda wc: f"results/tagging/checkpoints/{wc.run}.pt",
         resamples=config["tagging"]["resamples"],
         seed=config["tagging"]["seed"],
+        # `auto` (the default) resolves in the job, so the host's GPU is not a rerun trigger.
+        device=config["tagging"]["device"],
     threads: threads_for("tagging_train")
     # A crash resumes from the last checkpoint (saved every chunk_steps steps) on the next attempt.
     retries: config["tagging"]["retries"]
@@ -97,7 +103,7 @@ rule tagging_train:
         " --train {input.train:q} --dev {input.dev:q} --test {input.test:q}"
         " --out-dir {params.out_dir:q} --checkpoint {params.checkpoint:q}"
         " {params.options} --seed {params.seed} --resamples {params.resamples}"
-        " --bootstrap-seed {params.seed} --threads {threads}"
+        " --bootstrap-seed {params.seed} --threads {threads} --device {params.device}"
         " --provenance {output.prov:q} >> {log:q} 2>&1"
 
 
@@ -166,6 +172,7 @@ rule tagging_step_time:
         steps=config["tagging"]["step_time"]["steps"],
         lr=config["tagging"]["step_time"]["lr"],
         seed=config["tagging"]["seed"],
+        device=config["tagging"]["device"],
         threads=threads_for("tagging_step_time"),
     # Timed: takes every slot the workflow has, so that no other job runs beside it.
     threads: CORES
@@ -181,7 +188,8 @@ rule tagging_step_time:
     shell:
         "encoder-study tagging step-time {params.models} --out {output.table:q} --batch {params.batch}"
         " --length {params.length} --warmup {params.warmup} --steps {params.steps} --lr {params.lr}"
-        " --seed {params.seed} --threads {params.threads} --provenance {output.prov:q} > {log:q} 2>&1"
+        " --seed {params.seed} --threads {params.threads} --device {params.device}"
+        " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 register("tagging", TREEBANK_FRAGMENTS + [rules.tagging_baseline.output.prov]

@@ -55,11 +55,13 @@ class FrozenEncoder:
     `graph`, when given, is the ONNX file to run instead of the directory's model.onnx: a copy of it
     with other weights (`writeback`), read with the directory's tokenizer and config. The caller
     vouches for that file (a saved pipeline checks its SHA-256); the directory is verified as usual.
+    `provider` is ONNX Runtime's execution provider, "cpu" or "cuda" (`runtime.providers_for`; refused
+    where this ONNX Runtime has no CUDA provider).
     """
 
     def __init__(self, model_dir: str | os.PathLike, pooling: str = "mean", max_length: int = 512,
                  batch_size: int = 8, threads: int = 1, optimization: str = "all",
-                 graph: str | os.PathLike | None = None):
+                 graph: str | os.PathLike | None = None, provider: str = "cpu"):
         check_pooling(pooling)
         if optimization not in OPTIMIZATIONS:
             raise ValueError(f"optimization must be one of {list(OPTIMIZATIONS)}, got {optimization!r}")
@@ -72,6 +74,7 @@ class FrozenEncoder:
         self.pooling = pooling
         self.batch_size = batch_size
         self.optimization = optimization
+        self.provider = provider
         self.threads_requested = threads
         self.threads = machine.usable_threads(threads)
         self.max_length_requested = max_length
@@ -86,7 +89,9 @@ class FrozenEncoder:
 
         onnx_path = self.graph = self.model_dir / manifest.ONNX_FILE if graph is None else Path(graph)
         try:
-            self.session = runtime.ort_session(onnx_path, self.threads, optimization)
+            self.session = runtime.ort_session(onnx_path, self.threads, optimization, provider)
+        except UserError:  # says itself what is missing (e.g. no CUDA provider)
+            raise
         except Exception as err:  # ONNX Runtime's errors do not always say which file
             raise EncoderError(f"{onnx_path}: ONNX Runtime cannot load the model: {err}") from err
         inputs = [i.name for i in self.session.get_inputs()]
@@ -119,6 +124,7 @@ class FrozenEncoder:
             "threads": self.threads,
             "threads_requested": self.threads_requested,
             "optimization": self.optimization,
+            "provider": self.provider,
             "onnxruntime": {
                 "version": ort.__version__,
                 "providers": self.session.get_providers(),

@@ -265,7 +265,7 @@ class Fragment:
         files.write_text(self.path, text)
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         record["markdown"] = {"path": self.path.name, "sha256": digest}
-        files.write_text(twin(self.path), json.dumps(record, indent=2, sort_keys=True) + "\n")
+        files.write_text(twin(self.path), json.dumps(record, indent=2) + "\n")
 
 
 def _jsonable(value):
@@ -451,8 +451,8 @@ def join(recipe: str, fragments: list[str | os.PathLike], target: str | os.PathL
     fragments = [Path(f) for f in fragments]
     parts = [
         f"# Provenance of the `{recipe}` recipe\n\n",
-        "Fragments in the order the workflow runs them; `encoder-study provenance verify` (or "
-        "`snakemake --cores 1 verify`) re-hashes every file they name.\n\n",
+        "Fragments in the order the workflow runs them; `snakemake --cores 1 verify` (or `encoder-study "
+        "provenance verify --root provenance --base .`) re-hashes every file they name.\n\n",
         "".join(f"- [{f.stem}](#{f.stem.lower()})\n" for f in fragments),
     ]
     for f in fragments:

@@ -6,6 +6,9 @@ import os
 
 import numpy as np
 
+from . import provenance
+from .errors import UserError
+
 INPUTS = ("input_ids", "attention_mask")  # int64 [batch, sequence]
 OUTPUT = "last_hidden_state"  # float32 [batch, sequence, width]
 # The exporters' dynamic axes for INPUTS and OUTPUT: any batch, any length.
@@ -61,9 +64,46 @@ def session_options(threads: int, optimization: str = "all"):
     return options
 
 
-def ort_session(path: str | os.PathLike, threads: int, optimization: str = "all"):
-    """A CPU session on `path` with `session_options`."""
+# `provider` names: the CPU (the default: what every parity table is measured with) or CUDA.
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+class ProviderError(UserError):
+    """An execution provider was asked for that this ONNX Runtime cannot give."""
+
+
+def providers_for(provider: str, available: list[str] | None = None) -> list[str]:
+    """ONNX Runtime's provider list for `provider` ("cpu" or "cuda"); for CUDA, the CPU provider follows
+    (ONNX Runtime runs there the few nodes CUDA has no kernel for). Refuses CUDA where this ONNX Runtime
+    has no CUDA provider (the `onnxruntime` package is CPU only; `onnxruntime-gpu` has it)."""
+    if provider not in PROVIDERS:
+        raise ProviderError(f"execution provider {provider!r}: expected one of {sorted(PROVIDERS)}")
+    if provider == "cpu":
+        return [PROVIDERS["cpu"]]
+    if available is None:
+        import onnxruntime as ort
+
+        available = ort.get_available_providers()
+    if PROVIDERS["cuda"] not in available:
+        raise ProviderError(
+            f"ONNX Runtime's CUDA execution provider was asked for, but this ONNX Runtime offers only "
+            f"{', '.join(available)}; install onnxruntime-gpu in place of onnxruntime (see "
+            "envs/torch-cuda.txt) on a machine with an NVIDIA GPU, or ask for provider 'cpu'")
+    return [PROVIDERS["cuda"], PROVIDERS["cpu"]]
+
+
+def ort_session(path: str | os.PathLike, threads: int, optimization: str = "all", provider: str = "cpu"):
+    """A session on `path` with `session_options`, on the CPU unless `provider` is "cuda".
+
+    The providers the session really uses are recorded for the job's provenance fragment.
+    """
     import onnxruntime as ort
 
-    return ort.InferenceSession(str(path), session_options(threads, optimization),
-                                providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), session_options(threads, optimization),
+                                   providers=providers_for(provider))
+    if provider == "cuda" and session.get_providers()[0] != PROVIDERS["cuda"]:
+        # ONNX Runtime falls back to the CPU, with a warning only, when CUDA cannot start.
+        raise ProviderError(f"{path}: ONNX Runtime could not start its CUDA execution provider "
+                            f"(session providers: {session.get_providers()}); see its log above")
+    provenance.used("onnxruntime providers used", ", ".join(session.get_providers()))
+    return session

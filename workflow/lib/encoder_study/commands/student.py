@@ -3,7 +3,8 @@
     encoder-study student train --teacher-dir results/models/minilm --tatoeba T --udhr U \\
         --student '{"layers": 3, ...}' --training '{"steps": 300, "chunk_steps": 150, ...}' \\
         --checkpoint results/checkpoints/student/distill.pt --out results/student/student.pt \\
-        --loss-log results/student/training.csv --plot results/student/training.png --threads 1 --provenance P
+        --loss-log results/student/training.csv --plot results/student/training.png --threads 1 \\
+        --device auto --precision fp32 --provenance P
     encoder-study student export --student results/student/student.pt --teacher-dir results/models/minilm \\
         --out-dir results/models/student --name student --opset 17 --tolerance 1e-4 \\
         --ort-optimization all --threads 1 --provenance P
@@ -63,7 +64,8 @@ def train(args) -> int:
         else:
             documents, amounts = data.embedded_documents(args.tatoeba, args.udhr), None
         rows = distill.distill(args.teacher_dir, documents, args.student, training, args.checkpoint, args.out,
-                               amounts=amounts, device=None, progress=False)
+                               amounts=amounts, device=args.device, precision=args.precision,
+                               progress=rank_zero)
         if frag is None:
             return 0
         distill.write_log(rows, args.loss_log)
@@ -146,6 +148,10 @@ def parser() -> argparse.ArgumentParser:
                    "(not --log: torchrun would take an abbreviation of its own --log-dir)")
     p.add_argument("--plot", required=True, help="results/student/training.png: the loss curve")
     p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), required=True,
+                   help="auto: the rank's GPU when torch sees one, else the CPU; cuda refuses without one")
+    p.add_argument("--precision", choices=("fp32", "bf16"), required=True,
+                   help="bf16: autocast for the forward passes and the objective (weights stay float32)")
 
     p = sub.add_parser("export", help="the student as an ONNX export beside the others")
     p.set_defaults(run=export)

@@ -5,7 +5,8 @@
         --out results/treebank/dev.conllu ...
     encoder-study tagging train --run minilm-frozen-mean --model-dir results/models/minilm --mode frozen \\
         --pooling mean --train T --dev D --test E --out-dir results/tagging/minilm-frozen-mean \\
-        --checkpoint results/tagging/checkpoints/minilm-frozen-mean.pt --chunk-steps 0 --lr 0.01 ... \\
+        --checkpoint results/tagging/checkpoints/minilm-frozen-mean.pt --chunk-steps 0 --optimizer lbfgs \\
+        --lr 1 --patience 10 --device auto --precision fp32 ... \\
         --provenance provenance/tagging/tagging_train-minilm-frozen-mean.md
     encoder-study tagging baseline --run baseline --train T --dev D --test E \\
         --out-dir results/tagging/baseline ...
@@ -13,7 +14,7 @@
         --gold dev=D --gold test=E --compare a:b --scores-out results/tagging/scores.csv \\
         --comparisons-out results/tagging/comparisons.csv --plot results/tagging/dev_upos.png ...
     encoder-study tagging step-time --model results/models/minilm results/sources/minilm/source.json \\
-        --out results/tagging/step_time.csv ...
+        --out results/tagging/step_time.csv --device auto ...
 
 Every option is required (or a flag): the workflow's config schema holds the defaults and the rules
 pass every value. `train` saves its checkpoint every `--chunk-steps` steps and resumes from it when
@@ -88,18 +89,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-steps", type=int, required=True,
                    help="save the checkpoint every this many steps; 0: only when training ends")
     g = p.add_argument_group("training")
+    g.add_argument("--optimizer", required=True, choices=["adamw", "lbfgs"],
+                   help="adamw: minibatches (the fine-tune); lbfgs: the frozen probe solved on its cached "
+                   "vectors, a step being one full-batch L-BFGS iteration")
     g.add_argument("--seed", type=int, required=True)
-    g.add_argument("--lr", type=float, required=True)
-    g.add_argument("--weight-decay", type=float, required=True)
-    g.add_argument("--epochs", type=int, required=True, help="0: no limit by epochs")
-    g.add_argument("--max-steps", type=int, required=True, help="0: no limit by steps")
-    g.add_argument("--warmup", type=int, required=True, help="linear warm-up steps")
-    g.add_argument("--batch-words", type=int, required=True)
+    g.add_argument("--lr", type=float, required=True, help="adamw: the rate; lbfgs: the first trial step")
+    g.add_argument("--weight-decay", type=float, required=True,
+                   help="adamw: decoupled weight decay; lbfgs: the L2 penalty (weight_decay/2 |head|^2)")
+    g.add_argument("--epochs", type=int, required=True, help="0: no limit by epochs (stop: maximum)")
+    g.add_argument("--max-steps", type=int, required=True, help="0: no limit by steps (stop: max_steps)")
+    g.add_argument("--patience", type=int, required=True,
+                   help="stop after this many dev evaluations without a new best (stop: plateau); 0: never")
+    g.add_argument("--warmup", type=int, required=True, help="adamw: linear warm-up steps")
+    g.add_argument("--batch-words", type=int, required=True, help="adamw: words per batch")
     g.add_argument("--eval-every", type=int, required=True,
-                   help="steps between dev evaluations; 0: at the end of each epoch")
+                   help="steps between dev evaluations; 0: at the end of each epoch (lbfgs: every step)")
     g.add_argument("--eval-batch-words", type=int, required=True)
-    g.add_argument("--clip", type=float, required=True, help="gradient norm clip; 0: none")
+    g.add_argument("--clip", type=float, required=True, help="adamw: gradient norm clip; 0: none")
     g.add_argument("--threads", type=int, required=True)
+    g.add_argument("--device", required=True, choices=["auto", "cpu", "cuda"],
+                   help="where the tagger trains: auto is cuda when torch sees a GPU, else cpu")
+    g.add_argument("--precision", required=True, choices=["fp32", "bf16"],
+                   help="finetuned: bf16 runs forward passes under bfloat16 autocast")
     e = p.add_argument_group("encoder")
     e.add_argument("--max-length", type=int, required=True, help="pieces per window, specials included")
     e.add_argument("--window-batch", type=int, required=True, help="frozen: windows per ONNX Runtime call")
@@ -147,6 +158,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--device", required=True, choices=["auto", "cpu", "cuda"],
+                   help="where both implementations step: auto is cuda when torch sees a GPU, else cpu")
     return top
 
 
@@ -202,13 +215,15 @@ def train(args) -> int:
     from .. import machine, manifest
     from ..tables import markdown_table
     from ..tagging import evaluate, runs
-    from ..tagging.train import TrainSettings
+    from ..tagging.train import TrainSettings, resolve_device
 
     threads = machine.usable_threads(args.threads)
+    device = resolve_device(args.device)  # before anything starts CUDA
     settings = TrainSettings(
-        mode=args.mode, seed=args.seed, lr=args.lr, weight_decay=args.weight_decay, epochs=args.epochs,
-        max_steps=args.max_steps, warmup=args.warmup, batch_words=args.batch_words,
-        eval_every=args.eval_every, eval_batch_words=args.eval_batch_words, clip=args.clip, threads=threads)
+        mode=args.mode, optimizer=args.optimizer, seed=args.seed, lr=args.lr, weight_decay=args.weight_decay,
+        epochs=args.epochs, max_steps=args.max_steps, warmup=args.warmup, batch_words=args.batch_words,
+        eval_every=args.eval_every, eval_batch_words=args.eval_batch_words, clip=args.clip,
+        patience=args.patience, threads=threads, device=device, precision=args.precision)
     options = runs.EncoderOptions(max_length=args.max_length, window_batch=args.window_batch,
                                   max_batch_pieces=args.max_batch_pieces,
                                   freeze_embeddings=not args.train_embeddings)
@@ -221,6 +236,7 @@ def train(args) -> int:
                               checkpoint=args.checkpoint, chunk_steps=args.chunk_steps,
                               resamples=args.resamples, bootstrap_seed=args.bootstrap_seed, progress=True)
         frag.outputs += done.outputs
+        _report_device(device, settings.precision)
         frag.table("Scores", evaluate.scores_markdown(done.rows))
         frag.table("Development history", markdown_table(
             ["step", "epoch", "train loss", "dev UPOS"],
@@ -229,16 +245,32 @@ def train(args) -> int:
         result = done.result
         frag.note(f"selected step {result.best_step} of {result.steps} (development UPOS "
                   f"{result.best_dev_upos:.2f}); the test split was scored once, with those weights")
+        frag.note(f"stopped: {result.stopped} ({_STOPPED[result.stopped]})")
         chunks = ", ".join(f"steps {c['first_step']}-{c['last_step']} in {c['seconds']:.1f} s"
                            for c in result.chunks)
         frag.note(f"trained in {len(result.chunks)} invocation(s): {chunks or 'none (resumed finished)'}")
         if not done.record["dev_upos_check"]:
             frag.note("WARNING: the development score of the written predictions differs from the one "
                       "that selected the weights")
+    print(f"{args.run_name}: on {device}; stopped at step {result.steps} ({result.stopped}), selected step "
+          f"{result.best_step}")
     for row in done.rows:
         print(f"{args.run_name}: {row['split']} UPOS {row['upos']:.2f} "
               f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]")
     return 0
+
+
+_STOPPED = {"plateau": "--patience development evaluations without a new best",
+            "maximum": "the --epochs limit", "max_steps": "the --max-steps limit"}
+
+
+def _report_device(device: str, precision: str | None = None) -> None:
+    """Tell the fragment's device facts (provenance.device) which torch device (and precision) ran."""
+    from ..tagging.train import describe_device
+
+    provenance.used("torch device", describe_device(device))
+    if precision is not None:
+        provenance.used("torch precision", precision)
 
 
 def baseline(args) -> int:
@@ -275,19 +307,23 @@ def step_time(args) -> int:
     from .. import files, machine, manifest
     from ..tables import csv_text
     from ..tagging import steptime
+    from ..tagging.train import resolve_device
 
     threads = machine.torch_threads(args.threads)
+    device = resolve_device(args.device)  # before anything starts CUDA
     out, markdown_path = Path(args.out), Path(args.out).with_suffix(".md")
     with provenance.Fragment(args.provenance, _settings(args), threads=threads) as frag:
         rows = []
         for model_dir, source in args.model:
             frag.inputs += [source, *(Path(model_dir) / n for n in (manifest.ONNX_FILE, manifest.MANIFEST))]
             rows += steptime.step_time(model_dir, source, batch=args.batch, length=args.length,
-                                       warmup=args.warmup, steps=args.steps, lr=args.lr, seed=args.seed)
+                                       warmup=args.warmup, steps=args.steps, lr=args.lr, seed=args.seed,
+                                       device=device)
         files.write_text(out, csv_text(rows, steptime.COLUMNS))  # repr floats, fixed columns
         markdown = steptime.markdown(rows)
         files.write_text(markdown_path, markdown)
         frag.outputs += [out, markdown_path]
+        _report_device(device)
         frag.table("Fine-tuning step", markdown)
         frag.note(f"median of {args.steps} steps after {args.warmup} warm-up step(s); batch {args.batch} x "
                   f"{args.length} pieces; AdamW lr {args.lr}; token table frozen in both; indicative timings")

@@ -2,7 +2,8 @@
 
     rows = distill("results/models/minilm", documents, {"layers": 3, ...}, {"steps": 300, ...},
                    checkpoint_path="results/checkpoints/student/distill.pt",
-                   out_path="results/student/student.pt", amounts=None, device=None, progress=False)
+                   out_path="results/student/student.pt", amounts=None, device="auto", precision="fp32",
+                   progress=True)
 
 A step draws global batch `step` of windows from the corpus (a pure function of the seed and the
 step, see `data`), runs the teacher on it without gradients (`Encoder.hidden_states`: one code path
@@ -25,6 +26,20 @@ without broadcasts. Against one process over the whole batch, only float additio
 (each rank's matrix products sum over its own tokens, then the ranks' sums are added), so the weights
 agree to rounding (tests/test_distill.py measures it). Only rank 0 writes checkpoints and outputs.
 Backend: NCCL on CUDA, gloo on CPU.
+
+Device (`resolve_device`): "auto" is the rank's GPU when torch sees one, else the CPU; "cuda" refuses
+to start without one. On CUDA the run is made deterministic before cuBLAS starts: a fixed cuBLAS
+workspace (CUBLAS_WORKSPACE_CONFIG), deterministic algorithms (nondeterministic ones warn in the log),
+cuDNN deterministic and not benchmarking, no TF32 matrix products. The device type is part of the run's
+identity: a checkpoint written on a GPU resumes on a GPU and is refused, naming the change, on a CPU
+(the numbers of the two differ in their last bits, so a resumed run would not end where either ends).
+
+Precision: "fp32", or "bf16" autocast for the teacher's and the student's forward passes and the
+objective (weights, gradients, AdamW, the EMA and the feature statistics stay float32). Part of the
+run's identity, off by default; the parity tables measure the float32 student whatever trained it.
+
+Progress: with `progress`, rank 0 prints a plain line per log row to stderr (step, loss and terms,
+learning rate, elapsed time, an estimate of the time left from this call's steps per second).
 
 Chunks: with `chunk_steps` K > 0 the run saves its checkpoint after every K steps and goes on in the
 same call; it saves once more at the end, before the student is written, so a failure while writing
@@ -64,6 +79,7 @@ Training config keys (`TrainingConfig`, defaults sized for the embedded default:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -80,7 +96,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import files, tables, trainable
+from .. import files, provenance, tables, trainable
 from ..files import CheckpointError  # noqa: F401 -- what resuming raises; callers import it from here
 from ..tokens import PieceTokenizer
 from ..trainable.common import determinism
@@ -90,6 +106,10 @@ from .data import STATS_STREAM, Corpus, Document
 from .objective import TERMS, FeatureStats, Objective, layer_map
 
 CHECKPOINT_FORMAT = "encoder_study.distill.train/1"
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # autocast dtype (None: autocast off)
+# cuBLAS is deterministic only with a fixed workspace per handle; it reads this when it starts.
+CUBLAS_WORKSPACE = ":4096:8"
 # Named after the architecture module as it was called when the format was made (now `architecture`);
 # kept, because the name is inside every student.pt and `load_student` checks it.
 STUDENT_FORMAT = "encoder_study.distill.student/1"
@@ -276,15 +296,16 @@ class EMA:
             self.shadow[name].copy_(value)
 
 
-def init_distributed() -> tuple[int, int, int]:
-    """(rank, world size, local rank); joins the process group when WORLD_SIZE > 1 (torchrun's env)."""
+def init_distributed(device: str | None = "auto") -> tuple[int, int, int]:
+    """(rank, world size, local rank); joins the process group when WORLD_SIZE > 1 (torchrun's env):
+    NCCL when the run is to use CUDA (`device` auto or cuda, a GPU seen), gloo otherwise."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if world == 1:
         return 0, 1, 0
-    if torch.cuda.is_available():
+    if device != "cpu" and torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl")
     else:
@@ -297,10 +318,43 @@ def shard(rank: int, world: int) -> slice:
     return slice(rank, None, world)
 
 
-def _device(local_rank: int, device: str | torch.device | None) -> torch.device:
-    if device is not None:
-        return torch.device(device)
-    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+def resolve_device(choice: str | None, local_rank: int = 0) -> torch.device:
+    """The torch device for `--device auto|cpu|cuda` (None: auto) on the rank with `local_rank`."""
+    choice = "auto" if choice is None else choice
+    if choice not in DEVICES:
+        raise DistillError(f"device {choice!r}: expected one of {list(DEVICES)}")
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        build = torch.version.cuda or "none: a CPU build"
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        raise DistillError(f"--device cuda, but torch {torch.__version__} sees no CUDA device (its CUDA: "
+                           f"{build}; CUDA_VISIBLE_DEVICES={visible}); run on a GPU node with the CUDA "
+                           "build (envs/torch-cuda.txt), or use --device auto or cpu")
+    return torch.device("cuda", local_rank)
+
+
+def cuda_determinism() -> None:
+    """Settings that make CUDA runs repeat bit for bit; call before the first CUDA operation."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    if precision not in PRECISIONS:
+        raise DistillError(f"precision {precision!r}: expected one of {list(PRECISIONS)}")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise DistillError(f"precision bf16: {torch.cuda.get_device_name(device)} has no bfloat16 "
+                           "support; use --precision fp32")
+
+
+def format_seconds(seconds: float) -> str:
+    """h:mm:ss, for progress lines."""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def _barrier(world: int) -> None:
@@ -324,13 +378,15 @@ def teacher_digest(teacher: nn.Module) -> str:
 def distill(teacher_dir: str | os.PathLike, documents: Iterable[Document],
             student_config: Mapping | architecture.StudentConfig, training_config: Mapping | TrainingConfig,
             checkpoint_path: str | os.PathLike, out_path: str | os.PathLike, *,
-            amounts: Mapping[str, float] | None, device: str | None, progress: bool) -> tuple[dict, ...]:
+            amounts: Mapping[str, float] | None, device: str | None, progress: bool,
+            precision: str = "fp32") -> tuple[dict, ...]:
     """Distil a student from the exported teacher in `teacher_dir` (model.onnx, tokenizer.json).
 
     Joins the process group when launched by torchrun. `amounts`: text per language for the language
-    weights (None: the characters of `documents`); `device` None: the rank's GPU, else the CPU;
-    `progress`: print each log row to stderr. Returns the log rows; the student (EMA weights and
-    settings, see `load_student`) is then at `out_path` and the finished state at `checkpoint_path`.
+    weights (None: the characters of `documents`); `device` "auto" (or None), "cpu" or "cuda"
+    (`resolve_device`); `precision` "fp32" or "bf16"; `progress`: a line per log row on stderr.
+    Returns the log rows; the student (EMA weights and settings, see `load_student`) is then at
+    `out_path` and the finished state at `checkpoint_path`.
     """
     config = TrainingConfig.from_dict(training_config)
     if not isinstance(student_config, architecture.StudentConfig):
@@ -340,23 +396,27 @@ def distill(teacher_dir: str | os.PathLike, documents: Iterable[Document],
     tokenizer = PieceTokenizer(teacher_dir / "tokenizer.json")
     corpus = Corpus.build(documents, tokenizer, amounts, config.language_power)
     return train(teacher, corpus, student_config, config, checkpoint_path, out_path,
-                 teacher_id=files.sha256_file(teacher_dir / "model.onnx"), device=device, progress=progress)
+                 teacher_id=files.sha256_file(teacher_dir / "model.onnx"), device=device, progress=progress,
+                 precision=precision)
 
 
 def train(teacher: nn.Module, corpus: Corpus, student_config, config: TrainingConfig,
           checkpoint_path: str | os.PathLike, out_path: str | os.PathLike, *, teacher_id: str | None,
-          device: str | None, progress: bool) -> tuple[dict, ...]:
+          device: str | None, progress: bool, precision: str = "fp32") -> tuple[dict, ...]:
     """The loop behind `distill`, on objects: a trainable teacher, a corpus, configs as dataclasses.
 
     `teacher_id` None: the teacher's `teacher_digest`.
     """
-    rank, world, local_rank = init_distributed()
-    device = _device(local_rank, device)
-    if device.type == "cuda":  # cuBLAS is deterministic only with a fixed workspace; set before it starts
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if device != "cpu":  # before anything (NCCL's set-up included) can start cuBLAS
+        cuda_determinism()
+    rank, world, local_rank = init_distributed(device)
+    device = resolve_device(device, local_rank)
+    check_precision(precision, device)
+    provenance.used("torch device", device)
+    provenance.used("torch precision", precision)
     with determinism(config.threads or torch.get_num_threads()):
         run = _Run(teacher, corpus, student_config, config, Path(checkpoint_path), device, rank, world,
-                   teacher_id or teacher_digest(teacher))
+                   teacher_id or teacher_digest(teacher), precision)
         return run.go(Path(out_path), progress)
 
 
@@ -405,12 +465,14 @@ def plot_loss(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
 
 class _Run:
     def __init__(self, teacher: nn.Module, corpus: Corpus, student_config, config: TrainingConfig,
-                 checkpoint: Path, device: torch.device, rank: int, world: int, teacher_id: str):
+                 checkpoint: Path, device: torch.device, rank: int, world: int, teacher_id: str,
+                 precision: str = "fp32"):
         if config.batch_windows < world:
             raise DistillError(f"batch_windows {config.batch_windows} is smaller than the world size "
                                f"{world}: some ranks would have no windows")
         self.config, self.corpus, self.checkpoint = config, corpus, checkpoint
         self.device, self.rank, self.world = device, rank, world
+        self.autocast_dtype = PRECISIONS[precision]
         self.teacher = teacher.to(device).eval().requires_grad_(False)
         ts = teacher.settings
         self.pad_id = int(teacher.filler_id)
@@ -425,7 +487,7 @@ class _Run:
         self.fingerprint = {
             "config": config.identity(), "student": dataclasses.asdict(student_config), "teacher": teacher_id,
             "corpus": corpus.digest(), "world_size": world, "threads": torch.get_num_threads(),
-            "device": device.type}
+            "device": device.type, "precision": precision}
 
         self.student = architecture.build(student_config, vocab_size=teacher.tokens.weight.shape[0],
                                             seed=config.seed)
@@ -468,12 +530,11 @@ class _Run:
         """
         config = self.config
         start, started = self.step, time.perf_counter()
+        first, began = self.step, started  # of this call, for the time-left estimate
         while self.step < config.steps:
             self.train_step()
             if self.rank == 0 and progress and self.rows and self.rows[-1]["step"] == self.step:
-                row = self.rows[-1]
-                print(" ".join(f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}"
-                               for k in LOG_COLUMNS), file=sys.stderr, flush=True)
+                self.print_progress(self.rows[-1], first, began)
             if config.chunk_steps and self.step - start >= config.chunk_steps and self.step < config.steps:
                 self.chunks.append(self.chunk_record(start, started))
                 self.save()
@@ -489,6 +550,21 @@ class _Run:
             self.write_student(out_path)
         _barrier(self.world)
         return tuple(self.rows)
+
+    def print_progress(self, row: dict, first: int, began: float) -> None:
+        """One plain line per log row: step, loss and terms, lr, elapsed time and the time left."""
+        elapsed = time.perf_counter() - began
+        left = elapsed / (self.step - first) * (self.config.steps - self.step)
+        terms = " ".join(f"{t} {row[t]:.4g}" for t in TERMS)
+        print(f"distill step {self.step}/{self.config.steps} loss {row['loss']:.4g} ({terms}) "
+              f"lr {row['lr']:.3g} elapsed {format_seconds(elapsed)} left {format_seconds(left)}",
+              file=sys.stderr, flush=True)
+
+    def autocast(self):
+        """bf16 autocast for forward passes and the objective when asked; a no-op for fp32."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def feature_stats(self) -> None:
         """Mean and std of the teacher's target state over the fixed sample (the statistics stream).
@@ -518,10 +594,13 @@ class _Run:
         lr = config.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        with torch.no_grad():
-            teacher_states = self.teacher.hidden_states(ids, mask)
-        student_states = self.student.hidden_states(ids, mask)[1:]
-        loss, terms = self.objective(student_states, teacher_states, mask, tokens=float(tokens))
+        with self.autocast():
+            with torch.no_grad():
+                teacher_states = self.teacher.hidden_states(ids, mask)
+            student_states = self.student.hidden_states(ids, mask)[1:]
+            loss, terms = self.objective(student_states, teacher_states, mask, tokens=float(tokens))
+        loss = loss.float()  # backward from a float32 scalar (autocast may return bfloat16)
+        terms = {t: terms[t].float() for t in TERMS}
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         values = torch.stack([loss.detach(), *(terms[t].detach() for t in TERMS)])

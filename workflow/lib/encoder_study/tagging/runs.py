@@ -8,7 +8,7 @@ A run directory (results/tagging/<run>/) holds:
 | `dev.pred.conllu`, `test.pred.conllu` | the gold files with only the UPOS column predicted |
 | `scores.csv`, `scores.md` | the run's rows of the scores table (dev and test) |
 | `history.csv` | step, epoch, train_loss, dev_upos at every development evaluation (trained runs) |
-| `run.json` | run, encoder, mode, pooling, the settings and the selected step |
+| `run.json` | run, encoder, mode, pooling, the settings, the selected step and why training stopped |
 
 `gather` reads run directories and writes the combined scores, the paired comparisons and the plot.
 """
@@ -29,7 +29,7 @@ from ..frozen import FrozenEncoder
 from ..trainable.words import TrainableEncoder
 from . import evaluate, pipeline
 from .tagger import Tagger
-from .train import TrainResult, TrainSettings, determinism, train
+from .train import TrainResult, TrainSettings, autocast, settled, train
 
 RUN_JSON = "run.json"
 SCORES = "scores.csv"
@@ -119,14 +119,16 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
     out_dir = Path(out_dir)
     checkpoint = Path(checkpoint)
     sentences = read_splits({split: paths[split] for split in ("train", *SPLITS)})
-    # The thread count of training holds for the final predictions too, so that the development
-    # predictions written are exactly the ones that selected the weights.
-    with determinism(settings.threads):
+    # The thread count, device and precision of training hold for the final predictions too, so that
+    # the development predictions written are exactly the ones that selected the weights.
+    with settled(settings):
         tagger = build_tagger(model_dir, settings.mode, pooling, settings.seed, options, settings.threads)
         result = train(tagger, sentences["train"], sentences["dev"], settings, checkpoint=checkpoint,
                        chunk_steps=chunk_steps, progress=progress, desc=run)
-        predicted = {split: tagger.predict([s.doc() for s in sentences[split]], settings.eval_batch_words)
-                     for split in SPLITS}
+        with autocast(settings):
+            predicted = {split: tagger.predict([s.doc() for s in sentences[split]], settings.eval_batch_words)
+                         for split in SPLITS}
+    tagger.to("cpu")  # the pipeline file holds CPU tensors whatever the device was
 
     encoder = tagger.encoder.manifest.get("model", Path(model_dir).name)
     rows, scores = [], {}
@@ -139,7 +141,7 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
         "pipeline": pipeline.FILE_NAME, "settings": dataclasses.asdict(settings),
         "encoder_options": dataclasses.asdict(options),
         "selected": {"step": result.best_step, "dev_upos": result.best_dev_upos},
-        "steps": result.steps, "epochs": result.epochs,
+        "stopped": result.stopped, "steps": result.steps, "epochs": result.epochs,
         "splits": {split: _split_record(paths[split]) for split in ("train", *SPLITS)},
     }
     # The development score of the selected weights, recomputed from the written file, must be the
@@ -148,7 +150,8 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
     # Inline: the run's pipeline is the training reference (it can train further); the writeback recipe
     # writes the graph pipelines from it.
     pipeline.save(tagger, out_dir / pipeline.FILE_NAME, training={
-        k: record[k] for k in ("run", "mode", "settings", "encoder_options", "selected", "steps", "epochs")})
+        k: record[k] for k in ("run", "mode", "settings", "encoder_options", "selected", "stopped", "steps",
+                               "epochs")})
     evaluate.write_scores(out_dir / SCORES, rows)
     files.write_text(out_dir / HISTORY, history_csv(result.history))
     files.write_json(out_dir / RUN_JSON, record)

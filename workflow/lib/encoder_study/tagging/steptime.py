@@ -16,6 +16,10 @@ of a shared machine falls on both alike. Hugging Face's model runs in eval mode,
 off and both compute the same function (ours has no dropout); gradients do not depend on the mode.
 `max_abs` is the largest difference of the two forward passes' hidden states on the batch: it shows
 that both ran the same computation. Timings are indicative: they depend on the machine and its load.
+
+On `device="cuda"` both models, the head, the batch and AdamW's state are on the GPU, and each part
+is timed between `torch.cuda.synchronize()` calls, so that it counts the GPU's work and not only the
+launches.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from ..data.conllu import UPOS
 from ..errors import UserError
 
 COLUMNS = ["model", "implementation", "forward_s", "backward_s", "clip_s", "optimizer_s", "total_s",
-           "parameters", "batch", "length", "steps", "threads", "max_abs"]
+           "parameters", "batch", "length", "steps", "threads", "max_abs", "device"]
 IMPLEMENTATIONS = ("encoder_study", "transformers")
 
 
@@ -65,23 +69,30 @@ class Stepper:
     """One implementation's encoder, head and AdamW; `step()` takes one timed step."""
 
     def __init__(self, encoder: torch.nn.Module, head: torch.nn.Linear, lr: float, weight_decay: float,
-                 clip: float):
-        self.encoder, self.head, self.clip = encoder, head, clip
+                 clip: float, device: str = "cpu"):
+        self.encoder, self.head, self.clip = encoder.to(device), head.to(device), clip
+        # CUDA runs asynchronously: wait for the GPU before reading each clock.
+        self.sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
         self.params = [p for p in [*encoder.parameters(), *head.parameters()] if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
 
     def step(self, ids, mask, gold) -> tuple[float, float, float, float]:
         """Seconds of (forward, backward, clip, optimizer)."""
         self.optimizer.zero_grad(set_to_none=True)
+        self.sync()
         t0 = time.perf_counter()
         hidden = self.encoder(ids, mask)
         loss = F.cross_entropy(self.head(hidden).reshape(-1, len(UPOS)), gold)
+        self.sync()
         t1 = time.perf_counter()
         loss.backward()
+        self.sync()
         t2 = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.sync()
         t3 = time.perf_counter()
         self.optimizer.step()
+        self.sync()
         t4 = time.perf_counter()
         return t1 - t0, t2 - t1, t3 - t2, t4 - t3
 
@@ -106,8 +117,10 @@ def time_steps(steppers: list[Stepper], ids, mask, gold, warmup: int, steps: int
 
 def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batch: int, length: int,
               warmup: int, steps: int, lr: float, seed: int, weight_decay: float = 0.01,
-              clip: float = 1.0) -> list[dict]:
-    """Rows (COLUMNS) for both implementations of one exported model; torch's thread count as set."""
+              clip: float = 1.0, device: str = "cpu") -> list[dict]:
+    """Rows (COLUMNS) for both implementations of one exported model; torch's thread count as set.
+
+    `device`: "cpu" or "cuda" (resolved; `tagging.train.resolve_device` resolves "auto")."""
     if steps < 1 or warmup < 0 or batch < 1 or length < 1:
         raise StepTimeError("steps, batch and length must be positive and warmup 0 or more")
     model_dir = Path(model_dir)
@@ -121,13 +134,17 @@ def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batc
     theirs.model.get_input_embeddings().weight.requires_grad_(False)
     pad = theirs.model.config.pad_token_id
     ids, mask, gold = _batch(ours.tokens.weight.shape[0], 0 if pad is None else int(pad), batch, length, seed)
+    ours, theirs = ours.to(device), theirs.to(device)
+    ids, mask, gold = ids.to(device), mask.to(device), gold.to(device)
     with torch.no_grad():
         max_abs = float((ours(ids, mask) - theirs(ids, mask)).abs().max())
     width = ours.tokens.weight.shape[1]
-    steppers = [Stepper(encoder, _head(width, seed), lr, weight_decay, clip) for encoder in (ours, theirs)]
+    steppers = [Stepper(encoder, _head(width, seed), lr, weight_decay, clip, device)
+                for encoder in (ours, theirs)]
     timings = time_steps(steppers, ids, mask, gold, warmup, steps)
     return [{"model": record.get("model", model_dir.name), "implementation": name, **timing, "batch": batch,
-             "length": length, "steps": steps, "threads": torch.get_num_threads(), "max_abs": max_abs}
+             "length": length, "steps": steps, "threads": torch.get_num_threads(), "max_abs": max_abs,
+             "device": device}
             for name, timing in zip(IMPLEMENTATIONS, timings, strict=True)]
 
 

@@ -80,6 +80,11 @@ class Tagger(nn.Module):
         return "transformer-trainable" if isinstance(self.encoder, TrainableEncoder) else "transformer"
 
     @property
+    def device(self) -> torch.device:
+        """Where the weights are (`to(device)` moves the head and a trainable encoder)."""
+        return self.head.weight.device
+
+    @property
     def trainable_encoder(self) -> bool:
         return isinstance(self.encoder, TrainableEncoder)
 
@@ -95,13 +100,14 @@ class Tagger(nn.Module):
     # -- running ---------------------------------------------------------------------------------------
 
     def word_vectors(self, docs: Sequence[Doc]) -> torch.Tensor:
-        """float32 [total words, width]: the documents' word vectors one after another."""
+        """float32 [total words, width] on the tagger's device: the documents' word vectors one after
+        another."""
         if self.trainable_encoder:
             return self.encoder.forward_flat(docs)[0]
-        vectors = self.encoder(docs)  # cached per document: each one runs the graph once
+        vectors = self.encoder(docs)  # cached per document: each one runs the graph once (on the CPU)
         if not vectors:
-            return torch.zeros(0, self.encoder.width)
-        return torch.from_numpy(np.concatenate(vectors).reshape(-1, self.encoder.width))
+            return torch.zeros(0, self.encoder.width, device=self.device)
+        return torch.from_numpy(np.concatenate(vectors).reshape(-1, self.encoder.width)).to(self.device)
 
     def forward(self, docs: Sequence[Doc]) -> torch.Tensor:
         """Logits [total words, 17]."""
@@ -120,7 +126,7 @@ class Tagger(nn.Module):
             lengths = [len(doc.words) for doc in docs]
             out: list[np.ndarray] = []
             for batch in word_batches(lengths, range(len(docs)), batch_words):
-                best = self([docs[i] for i in batch]).argmax(dim=-1).numpy()
+                best = self([docs[i] for i in batch]).argmax(dim=-1).cpu().numpy()
                 out += np.split(best, np.cumsum([lengths[i] for i in batch])[:-1])
             return out
         finally:
