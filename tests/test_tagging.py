@@ -362,7 +362,7 @@ def test_the_tagging_command_trains_scores_compares_and_writes_provenance(tiny_e
                "--compare", "finetuned-first:frozen-mean", "--compare", "frozen-mean:baseline",
                "--reference", "baseline", "--scores-out", str(gathered / "scores.csv"),
                "--comparisons-out", str(gathered / "comparisons.csv"),
-               "--plot", str(gathered / "dev.png"), "--seed", "0",
+               "--plot", str(gathered / "dev.png"), "--seed", "0", "--caption", "Treebank: a test's.",
                "--resamples", "100", "--provenance", str(prov / "tagging_tables.md")) == 0
     scores = read_csv(gathered / "scores.csv")
     assert len(scores) == 6 and {r["run"] for r in scores} == {"frozen-mean", "finetuned-first", "baseline"}
@@ -375,12 +375,15 @@ def test_the_tagging_command_trains_scores_compares_and_writes_provenance(tiny_e
         assert float(r["diff"]) == pytest.approx(upos[(r["a"], r["split"])] - upos[(r["b"], r["split"])])
         assert float(r["ci_low"]) <= float(r["diff"]) <= float(r["ci_high"])
     assert (gathered / "dev.png").read_bytes()[:4] == b"\x89PNG"
+    for table in ("scores.md", "comparisons.md"):  # the caption says what treebank the numbers are on
+        assert (gathered / table).read_text().endswith("|\n\nTreebank: a test's.\n"), table
     assert "Comparisons" in (prov / "tagging_tables.md").read_text()
     # A comparison naming an unknown run is refused with the known ones (a user error: exit status 2).
     with pytest.raises(runs.RunError, match=r"no run 'nope' among \['baseline'\]"):
         run("tables", f"--run-dir={out / 'baseline'}", "--compare", "baseline:nope",
             "--scores-out", str(tmp_path / "x.csv"), "--comparisons-out", str(tmp_path / "y.csv"),
-            "--resamples", "100", "--seed", "0", "--provenance", str(prov / "tagging_tables-bad.md"))
+            "--resamples", "100", "--seed", "0", "--caption", "", "--provenance",
+            str(prov / "tagging_tables-bad.md"))
 
 
 def test_a_checkpointed_run_gives_the_bytes_of_an_uninterrupted_one(tiny_exports, bank, tmp_path,

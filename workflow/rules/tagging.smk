@@ -144,6 +144,7 @@ rule tagging_tables:
     params:
         run_dirs=lambda wc, input: " ".join(f"--run-dir {shlex.quote(str(Path(f).parent))}" for f in input.runs),
         compare=" ".join(f"--compare {a}:{b}" for a, b in config["tagging"]["comparisons"]),
+        caption=TREEBANK_CAPTION,
         resamples=config["tagging"]["resamples"],
         seed=config["tagging"]["seed"],
     log:
@@ -154,7 +155,7 @@ rule tagging_tables:
         "encoder-study tagging tables {params.run_dirs} --gold dev={input.dev:q} --gold test={input.test:q}"
         " {params.compare} --reference baseline --scores-out {output.scores:q}"
         " --comparisons-out {output.comparisons:q} --plot {output.plot:q} --resamples {params.resamples}"
-        " --seed {params.seed} --provenance {output.prov:q} > {log:q} 2>&1"
+        " --seed {params.seed} --caption {params.caption:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 rule tagging_step_time:

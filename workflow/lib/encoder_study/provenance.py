@@ -210,6 +210,7 @@ class Fragment:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is None:
             self.write()
+        _USED.clear()  # the device facts belong to this fragment; a next one in the process starts afresh
         return False
 
     def table(self, title: str, markdown: str) -> None:

@@ -1,4 +1,4 @@
-"""`encoder-study tagging treebank|fetch|train|baseline|tables|step-time`: the tagging recipe's commands.
+"""`encoder-study tagging treebank|fetch|train|baseline|tables|step-time|predict`: the tagging commands.
 
     encoder-study tagging treebank --seed 0 --train 1500 --dev 300 --test 300 --out-dir results/treebank ...
     encoder-study tagging fetch --split dev --url URL --sha256 HEX --timeout 60 \\
@@ -15,9 +15,13 @@
         --comparisons-out results/tagging/comparisons.csv --plot results/tagging/dev_upos.png ...
     encoder-study tagging step-time --model results/models/minilm results/sources/minilm/source.json \\
         --out results/tagging/step_time.csv --device auto ...
+    encoder-study tagging predict --pipeline results/tagging/minilm-finetuned-mean/pipeline.safetensors \
+        --input new.conllu --out new.pred.conllu [--format text] [--score]
 
 Every option is required (or a flag): the workflow's config schema holds the defaults and the rules
-pass every value. `train` saves its checkpoint every `--chunk-steps` steps and resumes from it when
+pass every value. `predict` is the exception: no rule calls it, it is for users tagging their own
+files, so its conveniences (batch size, threads, resamples) have defaults, stated in its help.
+`train` saves its checkpoint every `--chunk-steps` steps and resumes from it when
 it exists, so rerunning the same command after a crash (Snakemake's `retries`) goes on from the last
 save and ends bit for bit where an uninterrupted run ends. The logic lives in `encoder_study.tagging`
 (runs, training, scoring, step time) and `encoder_study.data` (the treebanks).
@@ -144,6 +148,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="PNG of development UPOS against step")
     p.add_argument("--resamples", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--caption", required=True, help="what treebank the numbers are on (under the .md tables)")
 
     p = sub.add_parser("step-time", help="one fine-tuning step in parts: ours against transformers")
     provenance.add_arguments(p)
@@ -160,6 +165,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--device", required=True, choices=["auto", "cpu", "cuda"],
                    help="where both implementations step: auto is cuda when torch sees a GPU, else cpu")
+
+    p = sub.add_parser("predict", help="tag a CoNLL-U or pre-tokenized text file with a saved pipeline",
+                       description="Tag a file with any saved pipeline (a tagging run's, weights inline, or "
+                       "the writeback recipe's, with its graph beside it). CoNLL-U output differs from the "
+                       "input only in UPOS; plain text (one pre-tokenized sentence a line) becomes CoNLL-U. "
+                       "The input is streamed in batches; the output appears only when complete. The "
+                       "predictions equal the run's own .pred.conllu on the same input.")
+    p.set_defaults(run=predict)
+    p.add_argument("--pipeline", required=True, help="a pipeline.safetensors")
+    p.add_argument("--input", required=True, help="the file to tag")
+    p.add_argument("--out", required=True, help="the CoNLL-U file to write")
+    p.add_argument("--format", default="conllu", choices=["conllu", "text"],
+                   help="conllu (default), or text: one sentence a line, tokens separated by spaces")
+    p.add_argument("--batch-sentences", type=int, default=1000,
+                   help="sentences read, tagged and written at a time (default 1000); it does not change "
+                   "the predictions")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads (default: the run's, as its pipeline records them, else 1)")
+    p.add_argument("--score", action="store_true",
+                   help="print UPOS accuracy against the input's own tags (CoNLL-U with gold tags)")
+    p.add_argument("--resamples", type=int, default=1000, help="--score: bootstrap resamples (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="--score: bootstrap seed (default 0)")
     return top
 
 
@@ -293,7 +320,8 @@ def tables(args) -> int:
 
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
         gathered = runs.gather(args.run_dir, dict(args.gold), args.compare, args.scores_out,
-                               args.comparisons_out, args.plot, args.reference, args.resamples, args.seed)
+                               args.comparisons_out, args.plot, args.reference, args.resamples, args.seed,
+                               args.caption)
         frag.inputs += gathered.inputs
         frag.outputs += gathered.outputs
         frag.table("Scores", evaluate.scores_markdown(gathered.scores))
@@ -327,4 +355,20 @@ def step_time(args) -> int:
         frag.table("Fine-tuning step", markdown)
         frag.note(f"median of {args.steps} steps after {args.warmup} warm-up step(s); batch {args.batch} x "
                   f"{args.length} pieces; AdamW lr {args.lr}; token table frozen in both; indicative timings")
+    return 0
+
+
+def predict(args) -> int:
+    from ..tagging.predict import predict as tag_file
+
+    done = tag_file(args.pipeline, args.input, args.out, input_format=args.format,
+                    batch_sentences=args.batch_sentences, threads=args.threads, score=args.score,
+                    resamples=args.resamples, seed=args.seed)
+    rate = done.words / done.seconds if done.seconds > 0 else float("inf")
+    print(f"encoder-study tagging predict: {done.sentences} sentences, {done.words} words -> {done.out} "
+          f"({rate:.0f} words/s on {done.threads} thread(s), groups of {done.batch_words} words)")
+    if done.accuracy is not None:
+        a = done.accuracy
+        print(f"UPOS {a.upos:.2f} [{a.ci_low:.2f}, {a.ci_high:.2f}] over {a.tokens} words, {a.sentences} "
+              f"sentences ({a.resamples} resamples, {a.method})")
     return 0

@@ -134,8 +134,10 @@ def _content(raw: str, index: int) -> str:
     return body.lstrip("\ufeff") if index == 0 else body  # a byte-order mark stays in the raw line
 
 
-def parse_conllu(text: str, name: str = "<string>") -> list[Sentence]:
-    """Parse CoNLL-U text; `name` is what error messages call the file."""
+def parse_conllu(text: str, name: str = "<string>", first_line: int = 1) -> list[Sentence]:
+    """Parse CoNLL-U text; `name` is what error messages call the file, `first_line` the line number of
+    the text's first line there (a part of a file read piece by piece, as `tagging predict` streams)."""
+    at = first_line - 1
     raw = _raw_lines(text)
     contents = [_content(line, i) for i, line in enumerate(raw)]
     blank = [not c.strip() for c in contents]
@@ -151,17 +153,19 @@ def parse_conllu(text: str, name: str = "<string>") -> list[Sentence]:
             i += 1
         blocks.append((start, stop, i))
     if not blocks:
-        raise _fail(name, 1, "the file holds no sentences (it is empty or blank); a CoNLL-U "
+        raise _fail(name, first_line, "the file holds no sentences (it is empty or blank); a CoNLL-U "
                              "file has one block of comments and word rows per sentence: check the path or "
                              "the download")
     sentences, seen = [], {}
     for k, (start, stop, end) in enumerate(blocks):
         lines_from = 0 if k == 0 else start
-        sentence = _parse_sentence(name, contents, start, stop, tuple(raw[lines_from:end]), lines_from + 1)
+        sentence = _parse_sentence(name, contents, start, stop, tuple(raw[lines_from:end]),
+                                   lines_from + 1 + at, at)
         if sentence.sent_id in seen:
-            raise _fail(name, start + 1, f"sentence id {sentence.sent_id!r} was already used by the sentence "
-                                         f"at line {seen[sentence.sent_id]}; give every sentence its own id")
-        seen[sentence.sent_id] = start + 1
+            raise _fail(name, start + 1 + at, f"sentence id {sentence.sent_id!r} was already used by the "
+                                         f"sentence at line {seen[sentence.sent_id]}; give every sentence "
+                                         "its own id")
+        seen[sentence.sent_id] = start + 1 + at
         sentences.append(sentence)
     return sentences
 
@@ -187,12 +191,13 @@ class _Row:
 
 
 def _parse_sentence(name: str, contents: list[str], start: int, stop: int, lines: tuple[str, ...],
-                    first_line: int) -> Sentence:
-    """One block of non-blank lines, contents[start:stop], into a Sentence."""
+                    first_line: int, at: int = 0) -> Sentence:
+    """One block of non-blank lines, contents[start:stop], into a Sentence; `at` is added to every line
+    number (the lines before the text parsed)."""
     metadata: dict[str, tuple[str, int]] = {}  # key -> (value, line)
     rows: list[_Row] = []
     for index in range(start, stop):
-        line, content = index + 1, contents[index]
+        line, content = index + 1 + at, contents[index]
         if content.startswith("#"):
             for key, value in parse_comment_line(content):
                 metadata[key] = (value, line)
@@ -213,6 +218,7 @@ def _parse_sentence(name: str, contents: list[str], start: int, stop: int, lines
                                     "a multiword-token range (3-4) or an empty node (3.1)")
         rows.append(_Row(line, columns, row_id))
 
+    start, stop = start + at, stop + at  # from here on, line numbers only
     where = f"the sentence at lines {start + 1}-{stop}"
     if not rows:
         raise _fail(name, start + 1, f"{where} has comments but no word rows; remove the blank line that "

@@ -303,25 +303,27 @@ def comparisons_markdown(rows: Iterable[Mapping]) -> str:
           f"{int(r['sentences']):,}") for r in rows], "lllrrrrr")
 
 
-def _write_table(target: str | os.PathLike, rows: Iterable[Mapping], to_csv, to_markdown
+def _write_table(target: str | os.PathLike, rows: Iterable[Mapping], to_csv, to_markdown, caption: str
                  ) -> tuple[Path, Path]:
-    """Write a CSV and its Markdown rendering beside it (same name, .md), each atomically."""
+    """Write a CSV and its Markdown rendering beside it (same name, .md), each atomically; a non-empty
+    `caption` (what the table's treebank is, say) follows the Markdown table."""
     rows = list(rows)
     target = Path(target)
     markdown = target.with_suffix(".md")
     files.write_text(target, to_csv(rows))
-    files.write_text(markdown, to_markdown(rows))
+    files.write_text(markdown, to_markdown(rows) + (f"\n{caption}\n" if caption else ""))
     return target, markdown
 
 
-def write_scores(target: str | os.PathLike, rows: Iterable[Mapping]) -> tuple[Path, Path]:
+def write_scores(target: str | os.PathLike, rows: Iterable[Mapping], caption: str = "") -> tuple[Path, Path]:
     """scores.csv and scores.md."""
-    return _write_table(target, rows, scores_csv, scores_markdown)
+    return _write_table(target, rows, scores_csv, scores_markdown, caption)
 
 
-def write_comparisons(target: str | os.PathLike, rows: Iterable[Mapping]) -> tuple[Path, Path]:
+def write_comparisons(target: str | os.PathLike, rows: Iterable[Mapping], caption: str = ""
+                      ) -> tuple[Path, Path]:
     """comparisons.csv and comparisons.md."""
-    return _write_table(target, rows, comparisons_csv, comparisons_markdown)
+    return _write_table(target, rows, comparisons_csv, comparisons_markdown, caption)
 
 
 # --- plot ------------------------------------------------------------------------------------------

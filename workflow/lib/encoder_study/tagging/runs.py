@@ -210,9 +210,10 @@ class Gathered:
 def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathLike],
            compare: Sequence[tuple[str, str]], scores_out: str | os.PathLike,
            comparisons_out: str | os.PathLike | None, plot: str | os.PathLike | None,
-           references: Sequence[str], resamples: int, seed: int) -> Gathered:
+           references: Sequence[str], resamples: int, seed: int, caption: str = "") -> Gathered:
     """Join the runs' scores, compare runs pairwise on every split of `gold`, plot the dev curves.
 
+    `caption` follows both Markdown tables: what treebank the numbers are on.
     `compare` holds (a, b) run names: each gives a row a - b per split with a paired bootstrap interval
     (same resampled sentences for both). `references` are runs whose development score the plot draws
     as a dashed line (the baseline, say). Runs are named by their run.json.
@@ -233,7 +234,7 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
         for name in (a, b):
             if name not in runs:
                 raise RunError(f"comparison {a} - {b}: no run {name!r} among {sorted(runs)}")
-    outputs = list(evaluate.write_scores(scores_out, scores))
+    outputs = list(evaluate.write_scores(scores_out, scores, caption))
 
     comparisons = []
     if compare:
@@ -251,7 +252,7 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
                 difference = evaluate.paired_difference(gold_tags, tags[a], tags[b], resamples=resamples,
                                                         seed=seed)
                 comparisons.append(evaluate.comparison_row(a, b, split, difference))
-        outputs += list(evaluate.write_comparisons(comparisons_out, comparisons))
+        outputs += list(evaluate.write_comparisons(comparisons_out, comparisons, caption))
 
     if plot is not None:
         curves = {}
