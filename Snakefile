@@ -22,6 +22,7 @@ include: "workflow/rules/tagging.smk"
 include: "workflow/rules/writeback.smk"
 include: "workflow/rules/retrieval.smk"
 include: "workflow/rules/provenance.smk"
+include: "workflow/rules/report.smk"
 
 
 # A per-rule key naming no rule would be ignored without a word (a typo, or a rule renamed since).
@@ -71,3 +72,4 @@ rule all:
         rules.retrieval.input,
         rules.student.input,
         rules.export_table.output,  # every export's row needs the student and retrieval
+        REPORT_PAGES,  # the tables as HTML, for snakemake --report

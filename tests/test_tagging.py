@@ -453,3 +453,41 @@ def test_settings_need_an_end_and_a_matching_encoder(tiny_exports, sentences):
               settings_for("finetuned", max_steps=1))
     built = runs.build_tagger(tiny_exports["bert-tiny"], "finetuned", "mean", 0, OPTIONS, threads=1)
     assert built.kind == "transformer-trainable"
+
+
+def test_extra_test_sets_are_scored_compared_and_leave_dev_and_test_bytes_alone(tiny_exports, bank, tmp_path):
+    ood = synthetic.write_ood(tmp_path / "ood.conllu", 0, 15)
+    out, prov = tmp_path / "tagging", tmp_path / "provenance"
+    plain = train_argv("plain", tiny_exports["bert-tiny"], out, prov, bank, mode="frozen", epochs=2, lr=1e-2)
+    assert run(*plain) == 0
+    extra = train_argv("extra", tiny_exports["bert-tiny"], out, prov, bank, mode="frozen", epochs=2, lr=1e-2)
+    assert run(*extra, "--extra", f"ood={ood}") == 0
+    for split in ("dev", "test"):  # the extra set changes nothing the run wrote before
+        assert (out / "extra" / f"{split}.pred.conllu").read_bytes() == (
+            out / "plain" / f"{split}.pred.conllu").read_bytes()
+    only_upos_differs(ood, out / "extra" / "ood.pred.conllu")
+    rows = {r["split"]: r for r in read_csv(out / "extra" / "scores.csv")}  # sorted rows: dev, ood, test
+    assert sorted(rows) == ["dev", "ood", "test"]
+    assert [{k: v for k, v in rows[s].items() if k != "run"} for s in ("dev", "test")] == [
+        {k: v for k, v in r.items() if k != "run"} for r in read_csv(out / "plain" / "scores.csv")]
+    assert float(rows["ood"]["ci_low"]) <= float(rows["ood"]["upos"]) <= float(rows["ood"]["ci_high"])
+    assert "ood" in json.loads((out / "extra" / "run.json").read_text())["splits"]
+    splits = ["--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"])]
+    assert run("baseline", "--run", "baseline", "--out-dir", str(out / "baseline"), *splits,
+               "--extra", f"ood={ood}", "--resamples", "100", "--bootstrap-seed", "0",
+               "--provenance", str(prov / "tagging_baseline.md")) == 0
+    assert [r["split"] for r in read_csv(out / "baseline" / "scores.csv")] == ["dev", "ood", "test"]
+    with pytest.raises(SystemExit):  # a treebank split's name is not an extra set's
+        command.parser().parse_args([*extra, "--extra", f"test={ood}"])
+
+    gathered = tmp_path / "gathered"
+    assert run("tables", f"--run-dir={out / 'extra'}", f"--run-dir={out / 'baseline'}",
+               "--gold", f"dev={bank['dev']}", "--gold", f"test={bank['test']}", "--gold", f"ood={ood}",
+               "--compare", "extra:baseline", "--scores-out", str(gathered / "scores.csv"),
+               "--comparisons-out", str(gathered / "comparisons.csv"), "--seed", "0", "--caption", "",
+               "--resamples", "100", "--provenance", str(prov / "tagging_tables.md")) == 0
+    scores = {(r["run"], r["split"]): float(r["upos"]) for r in read_csv(gathered / "scores.csv")}
+    comparisons = {r["split"]: r for r in read_csv(gathered / "comparisons.csv")}
+    assert sorted(comparisons) == ["dev", "ood", "test"]
+    assert float(comparisons["ood"]["diff"]) == pytest.approx(scores[("extra", "ood")]
+                                                              - scores[("baseline", "ood")])

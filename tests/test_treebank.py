@@ -412,3 +412,34 @@ def test_fetch_command_records_or_checks_the_hash(tmp_path, capsys):
     with pytest.raises(files.IntegrityError, match="does not match"):  # cli: one line, exit status 2
         fetch("1" * 64)
     assert not frag.exists()
+
+
+def test_the_out_of_domain_set_is_deterministic_other_words_and_reads_back(tmp_path):
+    text = generator.synthesize_ood(0, 200)
+    assert text == generator.synthesize_ood(0, 200)  # seeded: the same bytes every time
+    assert text != generator.synthesize_ood(1, 200)
+    assert text.startswith(generator.synthesize_ood(0, 50))  # more sentences add to the end
+    path = generator.write_ood(tmp_path / "ood.conllu", 0, 200)
+    sentences = treebank.read_conllu(path)  # through the reader EWT goes through
+    assert len(sentences) == 200 and sentences[0].sent_id == "ood-00001"
+    assert {t for s in sentences for t in s.upos} <= set(treebank.UPOS)
+    # Out of domain: many of its words never occur in the default treebank's train split.
+    seen = {w.form for s in treebank.read_conllu(generator.write_synthetic(tmp_path, 0, SIZES)["train"])
+            for w in s.words}
+    words = [w.form for s in sentences for w in s.words]
+    unseen = sum(form not in seen for form in words) / len(words)
+    assert unseen > 0.4, unseen
+    # ... while the treebank's own test split is mostly seen words (the contrast the set is for).
+    test_words = [w.form for s in treebank.read_conllu(tmp_path / "test.conllu") for w in s.words]
+    assert sum(form not in seen for form in test_words) / len(test_words) < unseen / 2
+    with pytest.raises(treebank.TreebankError, match="at least one sentence"):
+        generator.synthesize_ood(0, 0)
+
+
+def test_the_ood_command_writes_the_set_and_its_fragment(tmp_path):
+    out, prov = tmp_path / "pud-like.conllu", tmp_path / "tagging_ood-x.md"
+    args = command.parser().parse_args(["ood", "--name", "x", "--seed", "0", "--sentences", "12", "--out",
+                                        str(out), "--provenance", str(prov)])
+    assert args.run(args) == 0
+    assert out.read_text(encoding="utf-8") == generator.synthesize_ood(0, 12, "x")
+    assert files.sha256_file(out) in prov.read_text(encoding="utf-8")

@@ -186,6 +186,9 @@ def test_the_real_data_config_resolves_with_local_copies(tmp_path):
                         "2\t.\t.\tPUNCT\t_\t_\t1\tpunct\t_\t_\n\n")
         override["treebank"][split] = f"file://{path}"
         override["treebank"][f"{split}_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    # The out-of-domain test set (UD English-PUD), a local stand-in too.
+    override["treebank"]["extra_tests"] = {"pud": {"url": str(path), "sha256": hashlib.sha256(
+        path.read_bytes()).hexdigest()}}
     (tmp_path / "local.yaml").write_text(json.dumps(override))
     result = snakemake("-n", "--cores", "2", "tagging", "writeback", "--configfile", "config/ewt-minilm.yaml",
                        str(tmp_path / "local.yaml"))
@@ -197,6 +200,7 @@ def test_the_real_data_config_resolves_with_local_copies(tmp_path):
     for run in ("minilm-frozen-mean", "minilm-frozen-first", "minilm-finetuned"):
         assert f"results/tagging/{run}/scores.csv" in out
     assert "--lr 5e-05" in out and "--epochs 1" in out  # the study's fine-tuning settings
+    assert "results/treebank/pud.conllu" in out and "results/tagging/minilm-finetuned/pud.pred.conllu" in out
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +266,33 @@ def test_all_distils_the_student_and_writes_its_fine_tuned_graph_back(small_work
 def test_second_run_does_nothing(small_workflow):
     result = snakemake("-n", "--cores", "2", "all", cwd=small_workflow)
     assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_report_holds_every_table_and_plot_with_a_caption(small_workflow):
+    import json
+    import zipfile
+
+    result = snakemake("--report", "report.zip", cwd=small_workflow)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with zipfile.ZipFile(small_workflow / "report.zip") as archive:
+        names = set(archive.namelist())
+        page = archive.read("report/report.html").decode()
+        # The report's results as Snakemake embeds them in its page: path -> name, caption, data_uri, ...
+        at = page.index("var results = ", page.index('<script id="results">')) + len("var results = ")
+        results, _ = json.JSONDecoder().raw_decode(page, at)
+        scores = archive.read(f"report/{results['results/report/tagging/scores.html']['data_uri']}").decode()
+    results_dir = small_workflow / "results"
+    expected = {p.relative_to(small_workflow).as_posix() for p in results_dir.rglob("*")
+                if p.suffix in (".csv", ".png", ".html") and not p.is_relative_to(results_dir / "sources")}
+    assert {"results/tagging/scores.csv", "results/report/tagging/scores.html",
+            "results/student/training.png", "results/parity/inference.png",
+            "results/tagging/dev_upos.png"} <= expected
+    assert expected == set(results), expected ^ set(results)
+    for path, entry in results.items():
+        assert f"report/{entry['data_uri']}" in names, path
+        assert "Method:" in entry["caption"] and "synthetic treebank" in entry["caption"], path
+    # The scores as a table, each accuracy with its interval in one cell.
+    assert "<table>" in scores and "UPOS [95% CI]" in scores
 
 
 @pytest.mark.parametrize("cores, cpus", [("1", None), ("5", "0"), (None, None)])

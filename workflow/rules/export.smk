@@ -83,7 +83,8 @@ rule export_table:
         + [rules.student_export.output.manifest, rules.retrieval_export.output.model],
         code=lib_code("export", "table"),
     output:
-        table="results/models/exports.csv",
+        table=report("results/models/exports.csv", caption="../report/export/exports.rst",
+                     category="export", subcategory="exports"),
         markdown="results/models/exports.md",
         prov=prov("export", "export_table"),
     params:

@@ -70,7 +70,8 @@ rule parity_inference:
         texts=rules.parity_select.output.texts,
         code=lib_code("parity", "inference"),
     output:
-        row="results/parity/inference/{model}.csv",
+        row=report("results/parity/inference/{model}.csv", caption="../report/parity/inference_row.rst",
+                   category="parity", subcategory="{model}"),
         diffs="results/parity/inference/{model}.npy",
         prov=prov("parity", "parity_inference", "{model}"),
     params:
@@ -95,7 +96,8 @@ rule parity_trainable:
         texts=rules.parity_select.output.texts,
         code=lib_code("parity", "trainable"),
     output:
-        rows="results/parity/trainable/{model}.csv",
+        rows=report("results/parity/trainable/{model}.csv", caption="../report/parity/trainable_row.rst",
+                    category="parity", subcategory="{model}"),
         prov=prov("parity", "parity_trainable", "{model}"),
     params:
         model_dir=lambda wc, input: Path(input.model[0]).parent,
@@ -118,7 +120,8 @@ rule parity_latency:
         **PARITY_MODEL,
         code=lib_code("parity", "latency"),
     output:
-        rows="results/parity/latency/{model}.csv",
+        rows=report("results/parity/latency/{model}.csv", caption="../report/parity/latency_row.rst",
+                    category="parity", subcategory="{model}"),
         prov=prov("parity", "parity_latency", "{model}"),
     params:
         model_dir=lambda wc, input: Path(input.model[0]).parent,
@@ -151,9 +154,11 @@ rule parity_table_inference:
         diffs=expand(rules.parity_inference.output.diffs, model=MODELS),
         code=lib_code("parity", "table"),
     output:
-        table="results/parity/inference.csv",
+        table=report("results/parity/inference.csv", caption="../report/parity/inference_table.rst",
+                     category="parity", subcategory="all models"),
         markdown="results/parity/inference.md",
-        plot="results/parity/inference.png",
+        plot=report("results/parity/inference.png", caption="../report/parity/inference_plot.rst",
+                    category="parity", subcategory="all models"),
         prov=prov("parity", "parity_table_inference"),
     log:
         "logs/parity/parity_table_inference.log",
@@ -169,7 +174,8 @@ rule parity_table_trainable:
         rows=expand(rules.parity_trainable.output.rows, model=MODELS),
         code=lib_code("parity", "table"),
     output:
-        table="results/parity/trainable.csv",
+        table=report("results/parity/trainable.csv", caption="../report/parity/trainable_table.rst",
+                     category="parity", subcategory="all models"),
         markdown="results/parity/trainable.md",
         prov=prov("parity", "parity_table_trainable"),
     log:
@@ -186,7 +192,8 @@ rule parity_table_latency:
         rows=expand(rules.parity_latency.output.rows, model=MODELS),
         code=lib_code("parity", "table"),
     output:
-        table="results/parity/latency.csv",
+        table=report("results/parity/latency.csv", caption="../report/parity/latency_table.rst",
+                     category="parity", subcategory="all models"),
         markdown="results/parity/latency.md",
         prov=prov("parity", "parity_table_latency"),
     log:

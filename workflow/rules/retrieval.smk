@@ -75,7 +75,8 @@ rule retrieval_export:
         code=lib_code("retrieval", "export"),
     output:
         model=directory("results/retrieval/model"),
-        parity="results/retrieval/parity.csv",
+        parity=report("results/retrieval/parity.csv", caption="../report/retrieval/parity.rst",
+                      category="retrieval", subcategory="retrieval graph"),
         markdown="results/retrieval/parity.md",
         prov=prov("retrieval", "retrieval_export"),
     params:

@@ -13,8 +13,10 @@ rule student_distill:
         code=lib_code("student", "train"),
     output:
         weights="results/student/student.pt",
-        log="results/student/training.csv",
-        plot="results/student/training.png",
+        log=report("results/student/training.csv", caption="../report/student/training_log.rst",
+                   category="student", subcategory="training"),
+        plot=report("results/student/training.png", caption="../report/student/training_plot.rst",
+                    category="student", subcategory="training"),
         prov=prov("student", "student_distill"),
     params:
         launcher=student_launcher(),
@@ -87,7 +89,8 @@ rule student_parity:
         texts=rules.parity_select.output.texts,
         code=lib_code("student", "parity"),
     output:
-        table="results/student/parity.csv",
+        table=report("results/student/parity.csv", caption="../report/student/parity.rst",
+                     category="student", subcategory="parity"),
         markdown="results/student/parity.md",
         prov=prov("student", "student_parity"),
     params:

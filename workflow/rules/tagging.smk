@@ -30,7 +30,18 @@ if config["treebank"]["source"] == "synthetic":
     TREEBANK = {split: getattr(rules.tagging_treebank.output, split) for split in TREEBANK_SPLITS}
     TREEBANK_FRAGMENTS = [rules.tagging_treebank.output.prov]
 
-else:
+# Extra test sets (treebank.extra_tests): scored by every run, never trained on nor used for selection.
+EXTRA_TESTS = config["treebank"]["extra_tests"]
+EXTRA_SYNTHETIC = sorted(name for name, entry in EXTRA_TESTS.items() if entry.get("synthetic"))
+# The downloads: the treebank's splits (source ewt) and the extra test sets given by URL or path.
+FETCHED = (TREEBANK_SPLITS if config["treebank"]["source"] != "synthetic" else ()) + tuple(
+    sorted(name for name in EXTRA_TESTS if name not in EXTRA_SYNTHETIC))
+# name -> (URL, pinned SHA-256 or "") of each download.
+FETCH_SOURCES = {name: (EXTRA_TESTS[name]["url"], EXTRA_TESTS[name]["sha256"]) if name in EXTRA_TESTS
+                 else (config["treebank"][name], config["treebank"][f"{name}_sha256"]) for name in FETCHED}
+
+
+if FETCHED:
 
     # A download: on the submitting host (see the Snakefile's localrules).
     localrules:
@@ -43,10 +54,10 @@ else:
             treebank="results/treebank/{split}.conllu",
             prov=prov("tagging", "tagging_fetch", "{split}"),
         wildcard_constraints:
-            split="|".join(TREEBANK_SPLITS),
+            split="|".join(re.escape(name) for name in FETCHED),
         params:
-            url=lambda wc: config["treebank"][wc.split],
-            sha256=lambda wc: config["treebank"][f"{wc.split}_sha256"],
+            url=lambda wc: FETCH_SOURCES[wc.split][0],
+            sha256=lambda wc: FETCH_SOURCES[wc.split][1],
             timeout=config["treebank"]["timeout"],
         log:
             "logs/tagging/tagging_fetch-{split}.log",
@@ -57,26 +68,68 @@ else:
             " --sha256={params.sha256:q} --timeout {params.timeout} --out {output.treebank:q}"
             " --provenance {output.prov:q} > {log:q} 2>&1"
 
+if config["treebank"]["source"] != "synthetic":
     TREEBANK = {split: expand(rules.tagging_fetch.output.treebank, split=split)[0] for split in TREEBANK_SPLITS}
     TREEBANK_FRAGMENTS = expand(rules.tagging_fetch.output.prov, split=TREEBANK_SPLITS)
+
+if EXTRA_SYNTHETIC:
+
+    rule tagging_ood:
+        input:
+            code=lib_code("tagging", "ood"),
+        output:
+            treebank="results/treebank/{extra}.conllu",
+            prov=prov("tagging", "tagging_ood", "{extra}"),
+        wildcard_constraints:
+            extra="|".join(re.escape(name) for name in EXTRA_SYNTHETIC),
+        params:
+            seed=config["treebank"]["seed"],
+            sentences=lambda wc: EXTRA_TESTS[wc.extra]["sentences"],
+        log:
+            "logs/tagging/tagging_ood-{extra}.log",
+        conda:
+            CONDA_ENV
+        shell:
+            "encoder-study tagging ood --name {wildcards.extra} --seed {params.seed}"
+            " --sentences {params.sentences} --out {output.treebank:q} --provenance {output.prov:q} > {log:q} 2>&1"
+
+# name -> gold file, sorted by name: the order of the rows each run adds to its scores.csv.
+EXTRA = {
+    name: expand(rules.tagging_ood.output.treebank if name in EXTRA_SYNTHETIC else rules.tagging_fetch.output.treebank,
+                 **({"extra": name} if name in EXTRA_SYNTHETIC else {"split": name}))[0]
+    for name in sorted(EXTRA_TESTS)
+}
+TREEBANK_FRAGMENTS = TREEBANK_FRAGMENTS + [
+    expand(rules.tagging_ood.output.prov if name in EXTRA_SYNTHETIC else rules.tagging_fetch.output.prov,
+           **({"extra": name} if name in EXTRA_SYNTHETIC else {"split": name}))[0]
+    for name in sorted(EXTRA_TESTS)
+]
+EXTRA_OPTIONS = " ".join(f"--extra {shlex.quote(f'{name}={path}')}" for name, path in EXTRA.items())
+GOLD_OPTIONS = " ".join(f"--gold {shlex.quote(f'{split}={path}')}"
+                        for split, path in [("dev", TREEBANK["dev"]), ("test", TREEBANK["test"]), *EXTRA.items()])
 
 
 rule tagging_train:
     input:
         unpack(lambda wc: {**TREEBANK, "model": model_files(RUNS[wc.run]["model"])}),
+        extra=list(EXTRA.values()),
         code=lib_code("tagging", "train"),
     output:
         pipeline="results/tagging/{run}/pipeline.safetensors",
         dev="results/tagging/{run}/dev.pred.conllu",
         test="results/tagging/{run}/test.pred.conllu",
-        scores="results/tagging/{run}/scores.csv",
-        history="results/tagging/{run}/history.csv",
+        extra=[f"results/tagging/{{run}}/{name}.pred.conllu" for name in EXTRA],
+        scores=report("results/tagging/{run}/scores.csv", caption="../report/tagging/run_scores.rst",
+                      category="tagging", subcategory="{run}"),
+        history=report("results/tagging/{run}/history.csv", caption="../report/tagging/run_history.rst",
+                       category="tagging", subcategory="{run}"),
         record="results/tagging/{run}/run.json",
         prov=prov("tagging", "tagging_train", "{run}"),
     params:
         model_dir=lambda wc, input: Path(input.model[0]).parent,
         out_dir=lambda wc, output: Path(output.scores).parent,
         options=lambda wc: run_options(RUNS[wc.run]),
+        extra=EXTRA_OPTIONS,
         # Outside the run's directory, whose outputs Snakemake deletes when a job fails: a retry (or a
         # rerun) resumes from it. The command removes it once the run is done, so a later rerun (new
         # code, new data) starts afresh.
@@ -100,7 +153,7 @@ rule tagging_train:
         CONDA_ENV
     shell:
         "encoder-study tagging train --run {wildcards.run:q} --model-dir {params.model_dir:q}"
-        " --train {input.train:q} --dev {input.dev:q} --test {input.test:q}"
+        " --train {input.train:q} --dev {input.dev:q} --test {input.test:q} {params.extra}"
         " --out-dir {params.out_dir:q} --checkpoint {params.checkpoint:q}"
         " {params.options} --seed {params.seed} --resamples {params.resamples}"
         " --bootstrap-seed {params.seed} --threads {threads} --device {params.device}"
@@ -110,14 +163,18 @@ rule tagging_train:
 rule tagging_baseline:
     input:
         **TREEBANK,
+        extra=list(EXTRA.values()),
         code=lib_code("tagging", "baseline"),
     output:
         dev="results/tagging/baseline/dev.pred.conllu",
         test="results/tagging/baseline/test.pred.conllu",
-        scores="results/tagging/baseline/scores.csv",
+        extra=[f"results/tagging/baseline/{name}.pred.conllu" for name in EXTRA],
+        scores=report("results/tagging/baseline/scores.csv", caption="../report/tagging/baseline_scores.rst",
+                      category="tagging", subcategory="baseline"),
         prov=prov("tagging", "tagging_baseline"),
     params:
         out_dir=lambda wc, output: Path(output.scores).parent,
+        extra=EXTRA_OPTIONS,
         resamples=config["tagging"]["resamples"],
         seed=config["tagging"]["seed"],
     log:
@@ -126,7 +183,7 @@ rule tagging_baseline:
         CONDA_ENV
     shell:
         "encoder-study tagging baseline --run baseline --train {input.train:q} --dev {input.dev:q}"
-        " --test {input.test:q} --out-dir {params.out_dir:q} --resamples {params.resamples}"
+        " --test {input.test:q} {params.extra} --out-dir {params.out_dir:q} --resamples {params.resamples}"
         " --bootstrap-seed {params.seed} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
@@ -135,15 +192,24 @@ rule tagging_tables:
         runs=expand(rules.tagging_train.output.scores, run=RUN_NAMES) + [rules.tagging_baseline.output.scores],
         dev=TREEBANK["dev"],
         test=TREEBANK["test"],
+        extra=list(EXTRA.values()),
         code=lib_code("tagging", "tables"),
     output:
-        scores="results/tagging/scores.csv",
-        comparisons="results/tagging/comparisons.csv",
-        plot="results/tagging/dev_upos.png",
+        scores=report("results/tagging/scores.csv", caption="../report/tagging/scores.rst",
+                      category="tagging", subcategory="all runs"),
+        # Written beside the CSVs by the command; declared for the report's HTML renderings.
+        scores_md="results/tagging/scores.md",
+        comparisons_md="results/tagging/comparisons.md",
+        comparisons=report("results/tagging/comparisons.csv", caption="../report/tagging/comparisons.rst",
+                           category="tagging", subcategory="all runs"),
+        plot=report("results/tagging/dev_upos.png", caption="../report/tagging/dev_upos.rst",
+                    category="tagging", subcategory="all runs"),
         prov=prov("tagging", "tagging_tables"),
     params:
         run_dirs=lambda wc, input: " ".join(f"--run-dir {shlex.quote(str(Path(f).parent))}" for f in input.runs),
         compare=" ".join(f"--compare {a}:{b}" for a, b in config["tagging"]["comparisons"]),
+        # Every gold split: the comparisons are made on dev, test and each extra test set.
+        gold=GOLD_OPTIONS,
         caption=TREEBANK_CAPTION,
         resamples=config["tagging"]["resamples"],
         seed=config["tagging"]["seed"],
@@ -152,7 +218,7 @@ rule tagging_tables:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study tagging tables {params.run_dirs} --gold dev={input.dev:q} --gold test={input.test:q}"
+        "encoder-study tagging tables {params.run_dirs} {params.gold}"
         " {params.compare} --reference baseline --scores-out {output.scores:q}"
         " --comparisons-out {output.comparisons:q} --plot {output.plot:q} --resamples {params.resamples}"
         " --seed {params.seed} --caption {params.caption:q} --provenance {output.prov:q} > {log:q} 2>&1"
@@ -163,7 +229,9 @@ rule tagging_step_time:
         models=[model_files(m) for m in config["tagging"]["step_time"]["models"]],
         code=lib_code("tagging", "step-time"),
     output:
-        table="results/tagging/step_time.csv",
+        markdown="results/tagging/step_time.md",
+        table=report("results/tagging/step_time.csv", caption="../report/tagging/step_time.rst",
+                     category="tagging", subcategory="step time"),
         prov=prov("tagging", "tagging_step_time"),
     params:
         models=" ".join(model_option(m) for m in config["tagging"]["step_time"]["models"]),
@@ -205,4 +273,6 @@ rule tagging:
         rules.tagging_step_time.output.table,
         expand(rules.tagging_train.output.dev, run=RUN_NAMES),
         expand(rules.tagging_train.output.test, run=RUN_NAMES),
+        rules.tagging_baseline.output.extra,
+        expand(rules.tagging_train.output.extra, run=RUN_NAMES),
         recipe_target("tagging"),

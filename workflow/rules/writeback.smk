@@ -59,7 +59,8 @@ rule writeback_parity:
         texts=rules.parity_select.output.texts,
         code=lib_code("writeback", "parity"),
     output:
-        table="results/writeback/parity.csv",
+        table=report("results/writeback/parity.csv", caption="../report/writeback/parity.rst",
+                     category="writeback", subcategory="all runs"),
         markdown="results/writeback/parity.md",
         prov=prov("writeback", "writeback_parity"),
     params:
@@ -83,7 +84,8 @@ rule writeback_agreement:
         test=TREEBANK["test"],
         code=lib_code("writeback", "agreement"),
     output:
-        table="results/writeback/agreement.csv",
+        table=report("results/writeback/agreement.csv", caption="../report/writeback/agreement.rst",
+                     category="writeback", subcategory="all runs"),
         markdown="results/writeback/agreement.md",
         predictions=expand("results/writeback/{run}/test.pred.conllu", run=WRITEBACK_RUNS),
         prov=prov("writeback", "writeback_agreement"),
@@ -112,7 +114,8 @@ rule writeback_speed:
         test=TREEBANK["test"],
         code=lib_code("writeback", "speed"),
     output:
-        table="results/writeback/speed.csv",
+        table=report("results/writeback/speed.csv", caption="../report/writeback/speed.rst",
+                     category="writeback", subcategory="all runs"),
         markdown="results/writeback/speed.md",
         prov=prov("writeback", "writeback_speed"),
     params:

@@ -23,6 +23,7 @@ COMMANDS = {
     "student": "encoder_study.commands.student",
     "retrieval": "encoder_study.commands.retrieval",
     "provenance": "encoder_study.commands.provenance",
+    "report": "encoder_study.commands.report",
 }
 
 

@@ -1,10 +1,12 @@
-"""`encoder-study tagging treebank|fetch|train|baseline|tables|step-time|predict`: the tagging commands.
+"""`encoder-study tagging treebank|ood|fetch|train|baseline|tables|step-time|predict`: the tagging commands.
 
     encoder-study tagging treebank --seed 0 --train 1500 --dev 300 --test 300 --out-dir results/treebank ...
+    encoder-study tagging ood --name ood --seed 0 --sentences 200 --out results/treebank/ood.conllu ...
     encoder-study tagging fetch --split dev --url URL --sha256 HEX --timeout 60 \\
         --out results/treebank/dev.conllu ...
     encoder-study tagging train --run minilm-frozen-mean --model-dir results/models/minilm --mode frozen \\
-        --pooling mean --train T --dev D --test E --out-dir results/tagging/minilm-frozen-mean \\
+        --pooling mean --train T --dev D --test E [--extra pud=P ...] \\
+        --out-dir results/tagging/minilm-frozen-mean \\
         --checkpoint results/tagging/checkpoints/minilm-frozen-mean.pt --chunk-steps 0 --optimizer lbfgs \\
         --lr 1 --patience 10 --device auto --precision fp32 ... \\
         --provenance provenance/tagging/tagging_train-minilm-frozen-mean.md
@@ -33,6 +35,7 @@ import argparse
 from pathlib import Path
 
 from .. import provenance
+from ..errors import UserError
 
 SPLITS = ("train", "dev", "test")
 
@@ -56,6 +59,24 @@ def _gold(text: str) -> tuple[str, str]:
     return split, path
 
 
+def _extra(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: give an extra test set as NAME=PATH")
+    if name in SPLITS:
+        raise argparse.ArgumentTypeError(f"{text!r}: an extra test set cannot be named {name!r}; "
+                                         f"{', '.join(SPLITS)} are the treebank's own splits")
+    return name, path
+
+
+def _extras(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    """--extra NAME=PATH options as a mapping, in the order given."""
+    names = [name for name, _ in pairs]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise UserError(f"--extra: {', '.join(twice)} given more than once; give each test set once")
+    return dict(pairs)
+
+
 def parser() -> argparse.ArgumentParser:
     """`encoder-study tagging ...`: the treebank, UPOS tagging runs, their tables and the step time."""
     top = argparse.ArgumentParser(prog="encoder-study tagging", description=parser.__doc__)
@@ -69,10 +90,18 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{split}", type=int, required=True, help=f"sentences in {split}")
     p.add_argument("--out-dir", required=True, help="writes <out-dir>/{train,dev,test}.conllu")
 
+    p = sub.add_parser("ood", help="write a small synthetic out-of-domain test set (other templates, words)")
+    provenance.add_arguments(p)
+    p.set_defaults(run=ood)
+    p.add_argument("--name", required=True, help="the set's name (its sentence ids start with it)")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--sentences", type=int, required=True)
+    p.add_argument("--out", required=True, help="the CoNLL-U file to write")
+
     p = sub.add_parser("fetch", help="download one split of a UD treebank (URL, file:// URL, path), check it")
     provenance.add_arguments(p)
     p.set_defaults(run=fetch)
-    p.add_argument("--split", required=True, choices=SPLITS)
+    p.add_argument("--split", required=True, help="train, dev, test, or an extra test set's name")
     p.add_argument("--url", required=True)
     p.add_argument("--sha256", required=True, help="pinned SHA-256; empty: record it instead")
     p.add_argument("--out", required=True, help="the local .conllu file to write")
@@ -87,6 +116,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pooling", required=True, choices=["mean", "first"])
     for split in SPLITS:
         p.add_argument(f"--{split}", required=True, help=f"the {split} split, CoNLL-U")
+    p.add_argument("--extra", type=_extra, action="append", default=[],
+                   help="NAME=PATH: an extra test set, scored once like test (never trains or selects); "
+                   "repeat")
     p.add_argument("--out-dir", required=True, help="results/tagging/<run>")
     p.add_argument("--checkpoint", required=True, help="saved every --chunk-steps steps, resumed when it "
                    "exists, removed at the end; keep it outside a directory the workflow deletes on failure")
@@ -131,6 +163,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run", dest="run_name", required=True, help="the run's name in the tables")
     for split in SPLITS:
         p.add_argument(f"--{split}", required=True)
+    p.add_argument("--extra", type=_extra, action="append", default=[], help="NAME=PATH: an extra test set; "
+                   "repeat")
     p.add_argument("--out-dir", required=True, help="results/tagging/<run>")
     p.add_argument("--resamples", type=int, required=True)
     p.add_argument("--bootstrap-seed", type=int, required=True)
@@ -216,6 +250,23 @@ def treebank(args) -> int:
     return 0
 
 
+def ood(args) -> int:
+    from ..data.conllu import read_conllu, splits_table, upos_table
+    from ..data.synthetic import OOD_STREAM, OOD_TEMPLATES, write_ood
+
+    with provenance.Fragment(args.provenance, _settings(args)) as frag:
+        path = write_ood(args.out, args.seed, args.sentences, args.name)
+        frag.outputs.append(path)
+        by_split = {args.name: read_conllu(path)}
+        frag.table("Split", splits_table(by_split))
+        frag.table("UPOS", upos_table(by_split))
+        frag.note(f"synthetic out-of-domain test set: {len(OOD_TEMPLATES)} templates and word lists of its "
+                  f"own (encoder_study.data.synthetic.OOD_*), drawn from numpy SeedSequence([{args.seed}, "
+                  f"{OOD_STREAM}]); scored only, never trained on or used for selection")
+    print(f"encoder-study tagging ood: {args.sentences} sentences -> {args.out}")
+    return 0
+
+
 def fetch(args) -> int:
     from ..data import conllu
 
@@ -254,7 +305,7 @@ def train(args) -> int:
     options = runs.EncoderOptions(max_length=args.max_length, window_batch=args.window_batch,
                                   max_batch_pieces=args.max_batch_pieces,
                                   freeze_embeddings=not args.train_embeddings)
-    paths = {split: getattr(args, split) for split in SPLITS}
+    paths = {**{split: getattr(args, split) for split in SPLITS}, **_extras(args.extra)}
     model_dir = Path(args.model_dir)
     with provenance.Fragment(args.provenance, _settings(args), threads=threads) as frag:
         frag.inputs += [*paths.values(), *(model_dir / n for n in (
@@ -271,7 +322,8 @@ def train(args) -> int:
              for h in done.result.history], "rrrr"))
         result = done.result
         frag.note(f"selected step {result.best_step} of {result.steps} (development UPOS "
-                  f"{result.best_dev_upos:.2f}); the test split was scored once, with those weights")
+                  f"{result.best_dev_upos:.2f}); the test split and any extra test set were scored once, "
+                  "with those weights")
         frag.note(f"stopped: {result.stopped} ({_STOPPED[result.stopped]})")
         chunks = ", ".join(f"steps {c['first_step']}-{c['last_step']} in {c['seconds']:.1f} s"
                            for c in result.chunks)
@@ -303,7 +355,7 @@ def _report_device(device: str, precision: str | None = None) -> None:
 def baseline(args) -> int:
     from ..tagging import evaluate, runs
 
-    paths = {split: getattr(args, split) for split in SPLITS}
+    paths = {**{split: getattr(args, split) for split in SPLITS}, **_extras(args.extra)}
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
         frag.inputs += list(paths.values())
         rows, outputs = runs.baseline_run(args.run_name, paths, args.out_dir, args.resamples,

@@ -141,6 +141,11 @@ _LEMMAS = {
     ("me", "PRON"): "I", ("him", "PRON"): "he", ("her", "PRON"): "she", ("us", "PRON"): "we",
     ("them", "PRON"): "they", ("fishes", "VERB"): "fish", ("liked", "VERB"): "like",
     ("those", "DET"): "that", ("these", "DET"): "this",
+    # the out-of-domain set's
+    ("were", "AUX"): "be", ("replaced", "VERB"): "replace", ("prescribed", "VERB"): "prescribe",
+    ("updated", "VERB"): "update", ("invoices", "VERB"): "invoice", ("replaces", "VERB"): "replace",
+    ("prescribes", "VERB"): "prescribe", ("updates", "VERB"): "update", ("patches", "VERB"): "patch",
+    ("patches", "NOUN"): "patch", ("invoices", "NOUN"): "invoice",
 }
 
 # A flat tree (see the module docstring): dependents of the root, by UPOS.
@@ -166,10 +171,10 @@ def _lemma(form: str, upos: str) -> str:
     return low
 
 
-def _parse_slot(slot: str) -> tuple[str, tuple[str, ...]]:
-    """(UPOS, candidate words) of a template slot."""
-    if slot in CLASSES:
-        upos, words = CLASSES[slot]
+def _parse_slot(slot: str, classes: dict[str, tuple[str, str]] = CLASSES) -> tuple[str, tuple[str, ...]]:
+    """(UPOS, candidate words) of a template slot over the word classes `classes`."""
+    if slot in classes:
+        upos, words = classes[slot]
         return upos, tuple(words.split())
     if slot in FIXED:
         return FIXED[slot], (slot,)
@@ -182,9 +187,9 @@ def _parse_slot(slot: str) -> tuple[str, tuple[str, ...]]:
 _SLOTS = tuple(tuple(_parse_slot(s) for s in t.split()) for t in TEMPLATES)
 
 
-def _draw(rng: np.random.Generator) -> list[tuple[str, str]]:
-    """One sentence as surface tokens (form, UPOS); a multiword token has UPOS ''."""
-    template = _SLOTS[int(rng.integers(len(_SLOTS)))]
+def _draw(rng: np.random.Generator, slots=_SLOTS) -> list[tuple[str, str]]:
+    """One sentence of a template of `slots` as surface tokens (form, UPOS); a multiword token has UPOS ''."""
+    template = slots[int(rng.integers(len(slots)))]
     tokens = []
     for upos, words in template:
         form = words[int(rng.integers(len(words)))] if len(words) > 1 else words[0]
@@ -260,3 +265,70 @@ def write_synthetic(out_dir: str | os.PathLike, seed: int, sizes: dict[str, int]
         with files.atomic_path(paths[split]) as tmp:
             tmp.write_bytes(text.encode("utf-8"))
     return paths
+
+
+# -- the out-of-domain test set ------------------------------------------------------------------------
+# Another register (instructions, clinical and technical notes, questions) with its own word lists and
+# templates: most content words never occur in the treebank above, so a tagger must fall back on spelling
+# and context. Function words are shared, as they would be between two English domains. Tagged by the
+# same conventions (UD English), written by the same code.
+OOD_CLASSES: dict[str, tuple[str, str]] = {
+    "det": ("DET", "the the a this each"),
+    "dets": ("DET", "the these all"),
+    "subj": ("PRON", "I you we they"),
+    "noun": ("NOUN", "patient nurse dose tablet symptom clinic valve sensor cable router server kernel "
+                     "patch ticket invoice tenant landlord harvest tractor glacier"),
+    "nouns": ("NOUN", "patients nurses doses tablets symptoms valves sensors cables routers servers "
+                      "kernels patches tickets invoices tenants harvests tractors glaciers"),
+    "adj": ("ADJ", "chronic acute faulty wireless overdue fragile humid remote stale urgent"),
+    "adv": ("ADV", "carefully twice daily slowly promptly remotely"),
+    "verb": ("VERB", "install reboot prescribe inspect replace monitor invoice patch harvest update"),
+    "verb3": ("VERB", "installs reboots prescribes inspects replaces monitors invoices patches harvests "
+                      "updates"),
+    "past": ("VERB", "installed rebooted prescribed inspected replaced monitored patched harvested updated"),
+    "participle": ("VERB", "installed rebooted prescribed inspected replaced monitored patched updated"),
+    "propn": ("PROPN", "Oslo Nairobi Debian Kubernetes Okafor Lindqvist Medtronic Bjørn"),
+    "digits": ("NUM", "3 12 48 250 1024"),
+    "adp": ("ADP", "in on after during via under"),
+    "cconj": ("CCONJ", "and or"),
+    "sconj": ("SCONJ", "because if until"),
+    "neg": ("", "don't didn't"),      # multiword tokens, see CONTRACTIONS
+}
+
+OOD_TEMPLATES = (
+    "verb det noun adv .",
+    "please/INTJ verb det adj noun before/ADP det noun .",
+    "det noun must/AUX be/AUX participle adv .",
+    "propn past det adj noun adp propn .",
+    "did/AUX subj verb dets nouns ?",
+    "subj should/AUX verb det noun sconj det noun is/AUX adj .",
+    "dets adj nouns were/AUX participle adp digits nouns .",
+    "the/DET noun verb3 det noun adp det adj noun .",
+    "why/ADV is/AUX det noun adj ?",
+    "propn verb3 nouns cconj nouns adv .",
+    "subj past digits nouns , then/ADV past det noun .",
+    "neg verb det noun !",
+)
+
+_OOD_SLOTS = tuple(tuple(_parse_slot(s, OOD_CLASSES) for s in t.split()) for t in OOD_TEMPLATES)
+# Its own stream: SeedSequence([seed, OOD_STREAM]) is none of the splits' ([seed, k], k < 3).
+OOD_STREAM = 1000
+
+
+def synthesize_ood(seed: int, sentences: int, name: str = "ood") -> str:
+    """The out-of-domain test set as CoNLL-U text: `sentences` sentences from `OOD_TEMPLATES` over
+    `OOD_CLASSES`, ids `<name>-00001`..., drawn from SeedSequence([seed, OOD_STREAM])."""
+    if sentences < 1:
+        raise TreebankError(f"extra test set {name}: needs at least one sentence, got {sentences}")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, OOD_STREAM]))
+    return "".join(_sentence_conllu(f"{name}-{i:05d}", _draw(rng, _OOD_SLOTS))
+                   for i in range(1, sentences + 1))
+
+
+def write_ood(path: str | os.PathLike, seed: int, sentences: int, name: str = "ood") -> Path:
+    """Write the out-of-domain test set to `path` (atomically)."""
+    path = Path(path)
+    text = synthesize_ood(seed, sentences, name)
+    with files.atomic_path(path) as tmp:
+        tmp.write_bytes(text.encode("utf-8"))
+    return path

@@ -6,7 +6,8 @@ A run directory (results/tagging/<run>/) holds:
 |---|---|
 | `pipeline.safetensors` | the saved tagger (trained runs; see `pipeline`) |
 | `dev.pred.conllu`, `test.pred.conllu` | the gold files with only the UPOS column predicted |
-| `scores.csv`, `scores.md` | the run's rows of the scores table (dev and test) |
+| `<name>.pred.conllu` | the same for each extra test set (treebank.extra_tests, e.g. `pud`, `ood`) |
+| `scores.csv`, `scores.md` | the run's rows of the scores table (dev, test and each extra test set) |
 | `history.csv` | step, epoch, train_loss, dev_upos at every development evaluation (trained runs) |
 | `run.json` | run, encoder, mode, pooling, the settings, the selected step and why training stopped |
 
@@ -40,6 +41,12 @@ SPLITS = ("dev", "test")
 
 class RunError(UserError, ValueError):
     """A run directory, predictions file or comparison that does not fit the others given."""
+
+
+def scored_splits(paths: dict[str, str | os.PathLike]) -> tuple[str, ...]:
+    """The splits a run scores: dev, test, then every other name of `paths` but train (the extra test
+    sets, in the order given). Only train trains and only dev selects; the others are scored once."""
+    return (*SPLITS, *(name for name in paths if name not in ("train", *SPLITS)))
 
 
 def pred_path(out_dir: str | os.PathLike, split: str) -> Path:
@@ -112,13 +119,16 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
               progress: bool) -> TrainedRun:
     """Train on paths["train"], select on paths["dev"], score dev and test once with the selected weights.
 
+    Any other name in `paths` is an extra test set (out-of-domain, say): scored once too, like test.
+
     The training state is saved to `checkpoint` every `chunk_steps` steps (0: only when training ends)
     and resumed from it when it exists, so a rerun after a crash goes on where the last save left off
     and ends where an uninterrupted run ends. The checkpoint is removed once every output is written.
     """
     out_dir = Path(out_dir)
     checkpoint = Path(checkpoint)
-    sentences = read_splits({split: paths[split] for split in ("train", *SPLITS)})
+    scored = scored_splits(paths)
+    sentences = read_splits({split: paths[split] for split in ("train", *scored)})
     # The thread count, device and precision of training hold for the final predictions too, so that
     # the development predictions written are exactly the ones that selected the weights.
     with settled(settings):
@@ -126,13 +136,14 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
         result = train(tagger, sentences["train"], sentences["dev"], settings, checkpoint=checkpoint,
                        chunk_steps=chunk_steps, progress=progress, desc=run)
         with autocast(settings):
+            # Each split on its own: an extra test set leaves the dev and test predictions as they were.
             predicted = {split: tagger.predict([s.doc() for s in sentences[split]], settings.eval_batch_words)
-                         for split in SPLITS}
+                         for split in scored}
     tagger.to("cpu")  # the pipeline file holds CPU tensors whatever the device was
 
     encoder = tagger.encoder.manifest.get("model", Path(model_dir).name)
     rows, scores = [], {}
-    for split in SPLITS:
+    for split in scored:
         scores[split] = score_split(sentences[split], predicted[split], pred_path(out_dir, split), resamples,
                                     bootstrap_seed)
         rows.append(evaluate.score_row(run, encoder, settings.mode, pooling, split, scores[split]))
@@ -142,7 +153,7 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
         "encoder_options": dataclasses.asdict(options),
         "selected": {"step": result.best_step, "dev_upos": result.best_dev_upos},
         "stopped": result.stopped, "steps": result.steps, "epochs": result.epochs,
-        "splits": {split: _split_record(paths[split]) for split in ("train", *SPLITS)},
+        "splits": {split: _split_record(paths[split]) for split in ("train", *scored)},
     }
     # The development score of the selected weights, recomputed from the written file, must be the
     # one that selected them; a difference would mean the weights put back are not the ones scored.
@@ -156,20 +167,21 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
     files.write_text(out_dir / HISTORY, history_csv(result.history))
     files.write_json(out_dir / RUN_JSON, record)
     checkpoint.unlink(missing_ok=True)
-    outputs = [out_dir / name for name in (pipeline.FILE_NAME, "dev.pred.conllu", "test.pred.conllu", SCORES,
-                                           "scores.md", HISTORY, RUN_JSON)]
+    outputs = [out_dir / name for name in (pipeline.FILE_NAME, SCORES, "scores.md", HISTORY, RUN_JSON)]
+    outputs += [pred_path(out_dir, split) for split in scored]
     return TrainedRun(rows=rows, result=result, outputs=outputs, record=record)
 
 
 def baseline_run(run: str, paths: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
                  resamples: int, bootstrap_seed: int) -> tuple[list[dict], list[Path]]:
-    """The most-frequent-tag baseline from train: dev and test predictions and scores."""
+    """The most-frequent-tag baseline from train: dev, test (and extra test sets) predictions and scores."""
     out_dir = Path(out_dir)
-    sentences = read_splits({split: paths[split] for split in ("train", *SPLITS)})
+    scored = scored_splits(paths)
+    sentences = read_splits({split: paths[split] for split in ("train", *scored)})
     baseline = evaluate.most_frequent_tag_baseline(([w.form for w in s.words], s.upos)
                                                    for s in sentences["train"])
     rows = []
-    for split in SPLITS:
+    for split in scored:
         predicted = baseline([[w.form for w in s.words] for s in sentences[split]])
         accuracy = score_split(sentences[split], predicted, pred_path(out_dir, split), resamples,
                                bootstrap_seed)
@@ -177,9 +189,9 @@ def baseline_run(run: str, paths: dict[str, str | os.PathLike], out_dir: str | o
     evaluate.write_scores(out_dir / SCORES, rows)
     files.write_json(out_dir / RUN_JSON, {
         "run": run, "encoder": "none", "mode": "baseline", "pooling": "none",
-        "splits": {split: _split_record(paths[split]) for split in ("train", *SPLITS)}})
-    names = ("dev.pred.conllu", "test.pred.conllu", SCORES, "scores.md", RUN_JSON)
-    outputs = [out_dir / name for name in names]
+        "splits": {split: _split_record(paths[split]) for split in ("train", *scored)}})
+    outputs = [pred_path(out_dir, split) for split in scored]
+    outputs += [out_dir / name for name in (SCORES, "scores.md", RUN_JSON)]
     return rows, outputs
 
 
