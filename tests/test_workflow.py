@@ -243,8 +243,10 @@ def test_all_exports_with_manifest_and_provenance(small_workflow):
         assert (small_workflow / f"results/parity/{table}.csv").read_text().count("\nbert-tiny,") >= 1
     assert len((small_workflow / "results/texts/parity_texts.jsonl").read_text().splitlines()) == 16
     scores = (small_workflow / "results/tagging/scores.csv").read_text()
-    assert scores.count("\ntiny-frozen,") == 2 and scores.count("\nbaseline,") == 2
-    assert (small_workflow / "results/tagging/comparisons.csv").read_text().count("tiny-frozen,baseline") == 2
+    # dev, test and the default's synthetic out-of-domain set `ood` (treebank.extra_tests)
+    assert scores.count("\ntiny-frozen,") == 3 and scores.count("\nbaseline,") == 3
+    assert ",ood," in scores and (small_workflow / "results/tagging/tiny-frozen/ood.pred.conllu").is_file()
+    assert (small_workflow / "results/tagging/comparisons.csv").read_text().count("tiny-frozen,baseline") == 3
     assert (small_workflow / "results/tagging/step_time.csv").is_file()
 
 
@@ -255,7 +257,7 @@ def test_all_distils_the_student_and_writes_its_fine_tuned_graph_back(small_work
     parity = (small_workflow / "results/student/parity.csv").read_text()
     assert "trainable vs pytorch" in parity and "graph runtime vs pytorch" in parity
     scores = (small_workflow / "results/tagging/scores.csv").read_text()
-    assert scores.count("\nstudent-tuned,") == 2
+    assert scores.count("\nstudent-tuned,") == 3
     assert (small_workflow / "results/writeback/student-tuned/pipeline.encoder0.onnx").is_file()
     header, row = (small_workflow / "results/writeback/agreement.csv").read_text().splitlines()[:2]
     assert dict(zip(header.split(","), row.split(","), strict=True))["differing_tokens"] == "0"
