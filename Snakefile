@@ -23,6 +23,7 @@ include: "workflow/rules/writeback.smk"
 include: "workflow/rules/retrieval.smk"
 include: "workflow/rules/provenance.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/benchmarks.smk"
 
 
 # A per-rule key naming no rule would be ignored without a word (a typo, or a rule renamed since).
@@ -48,11 +49,14 @@ localrules:
     student,
     tagging,
     tagging_tables,
+    tagging_per_tag,
     writeback,
+    writeback_speed_plot,
     retrieval,
     retrieval_acquire,
     retrieval_verify,
     provenance_join,
+    provenance_crate,
     verify,
 
 
@@ -73,3 +77,4 @@ rule all:
         rules.student.input,
         rules.export_table.output,  # every export's row needs the student and retrieval
         REPORT_PAGES,  # the tables as HTML, for snakemake --report
+        rules.provenance_crate.output.crate,  # the run's Workflow Run RO-Crate, from every fragment

@@ -60,10 +60,15 @@ def test_inference_parity_on_tiny_models(tiny_exports, models_dir, name):
 
 def test_latency_rows(tiny_exports, models_dir):
     model = compare.Pair.load(tiny_exports["bert-tiny"], models_dir / "sources" / "bert-tiny" / "source.json")
-    rows = parity.latency(model, threads=1, batches=(1, 2), seq_len=16, warmup=1, runs=3)
+    rows = parity.latency(model, threads=1, batches=(1, 2), seq_len=16, warmup=1, runs=3, min_seconds=0.05)
     assert [(r["runtime"], r["batch"]) for r in rows] == [
         ("onnxruntime", 1), ("pytorch", 1), ("onnxruntime", 2), ("pytorch", 2)]
-    assert all(r["min_ms"] <= r["median_ms"] <= r["max_ms"] and r["seq_len"] == 16 for r in rows)
+    for r in rows:
+        assert r["min_ms"] <= r["q1_ms"] <= r["median_ms"] <= r["q3_ms"] <= r["max_ms"] and r["seq_len"] == 16
+        assert r["runs"] >= 3 and r["seconds"] >= 0.05 and r["gemm_gflops"] > 0
+        assert r["gflops"] == pytest.approx(r["gflop"] / (r["median_ms"] / 1e3))
+        assert r["fraction_of_gemm"] == pytest.approx(r["gflops"] / r["gemm_gflops"])
+    assert rows[2]["gflop"] == pytest.approx(2 * rows[0]["gflop"])  # twice the sequences
 
 
 def test_commands_write_rows_table_plot_and_fragments(tiny_exports, models_dir, tmp_path):
@@ -117,7 +122,7 @@ def test_trainable_table_command(tiny_exports, models_dir, tmp_path):
     assert "batches of 8 = alone" in (tmp_path / "trainable.md").read_text()
 
 
-# The Markdown the tables had before they were rendered by tables.markdown: the same bytes.
+# The Markdown the tables render (inference and trainable: the bytes they had before tables.markdown).
 MARKDOWN_ROWS = {
     "inference": [{"model": "a|b", "tokens": "12345", "texts": "3", "truncated": "0", "max_abs": "1.2345e-07",
                    "mean_abs": "3.3e-09", "min_cos": "0.9999999876", "mean_cos": "1.0", "max_value": "40.71",
@@ -132,9 +137,11 @@ MARKDOWN_ROWS = {
                    "tokens": "99", "max_abs": "0.0", "mean_abs": "0.0", "min_cos": "1.0", "max_value": "0.5",
                    "batch_equal": "False"}],
     "latency": [{"model": "m", "runtime": "onnxruntime", "threads": 2, "batch": 8, "seq_len": 64,
-                 "median_ms": 1.23456, "min_ms": 0.9, "max_ms": 12345.6, "runs": 20},
+                 "median_ms": 1.23456, "min_ms": 0.9, "max_ms": 12345.6, "runs": 20, "gflops": 12.345,
+                 "fraction_of_gemm": 0.8765},
                 {"model": "m", "runtime": "pytorch", "threads": "8", "batch": "1", "seq_len": "512",
-                 "median_ms": "0.000123", "min_ms": "0.0001", "max_ms": "1.0", "runs": "3"}],
+                 "median_ms": "0.000123", "min_ms": "0.0001", "max_ms": "1.0", "runs": "3", "gflops": "0.5",
+                 "fraction_of_gemm": "0.004"}],
 }
 MARKDOWN = {
     "inference": (
@@ -150,10 +157,11 @@ MARKDOWN = {
         "| m | postnorm | trainable vs pytorch | 1,234,567 | 1e-06 | 2e-08 | 1.00000000 | 12.5 | yes |\n"
         "| m | postnorm | graph runtime vs pytorch | 99 | 0 | 0 | 1.00000000 | 0.5 | NO |\n"),
     "latency": (
-        "| model | runtime | threads | batch | seq len | median ms | min ms | max ms |\n"
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
-        "| m | onnxruntime | 2 | 8 | 64 | 1.23 | 0.9 | 1.23e+04 |\n"
-        "| m | pytorch | 8 | 1 | 512 | 0.000123 | 0.0001 | 1 |\n"),
+        "| model | runtime | threads | batch | seq len | median ms | min ms | max ms | calls | GFLOP/s "
+        "| of GEMM |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| m | onnxruntime | 2 | 8 | 64 | 1.23 | 0.9 | 1.23e+04 | 20 | 12.3 | 0.88 |\n"
+        "| m | pytorch | 8 | 1 | 512 | 0.000123 | 0.0001 | 1 | 3 | 0.5 | 0.00 |\n"),
 }
 
 

@@ -417,16 +417,25 @@ def test_a_checkpointed_run_gives_the_bytes_of_an_uninterrupted_one(tiny_exports
 
 def test_step_time_rows_for_both_implementations(tiny_exports, models_dir, tmp_path):
     source = models_dir / "sources" / "bert-tiny" / "source.json"
-    rows = step_time(tiny_exports["bert-tiny"], source, batch=4, length=8, warmup=1, steps=2, lr=5e-5, seed=0)
+    rows = step_time(tiny_exports["bert-tiny"], source, batch=4, length=8, warmup=1, steps=2, lr=5e-5, seed=0,
+                     min_seconds=0.05)
     assert [r["implementation"] for r in rows] == list(IMPLEMENTATIONS)
     for row in rows:
         assert set(COLUMNS) <= set(row) and row["model"] == "bert-tiny"
         assert all(row[k] > 0 for k in ("forward_s", "backward_s", "clip_s", "optimizer_s", "total_s"))
-        assert row["parameters"] > 0
+        assert row["parameters"] > 0 and row["steps"] >= 2 and row["seconds"] >= 0.05
+        spread = [row[k] for k in ("total_s_min", "total_s_q1", "total_s", "total_s_q3", "total_s_max")]
+        assert spread == sorted(spread)
+        assert row["fraction_of_gemm"] == pytest.approx(row["gflops"] / row["gemm_gflops"])
+        assert row["fraction_of_gemm"] > 0
+        # bert-tiny (2 layers, width 16, feed-forward 32), 4 x 8 pieces: per piece and layer 2*16*64
+        # (projections) + 4*8*16 (attention) + 4*16*32 (feed-forward) = 4,608; a step is 3 forwards.
+        assert row["gflop"] == pytest.approx(3 * 2 * 32 * 4608 / 1e9)
     assert rows[0]["max_abs"] < 1e-4  # the same weights on the same batch
     out = tmp_path / "step_time.csv"
+    # --device auto: the CPU on a machine without a GPU
     timing = ["--batch", "2", "--length", "8", "--warmup", "2", "--steps", "1", "--lr", "5e-5", "--seed", "0",
-              "--threads", "1", "--device", "auto"]  # auto: the CPU on a machine without a GPU
+              "--threads", "1", "--device", "auto", "--min-seconds", "0"]
     assert run("step-time", "--model", str(tiny_exports["bert-tiny"]), str(source), "--out", str(out),
                *timing, "--provenance", str(tmp_path / "prov" / "tagging_step_time.md")) == 0
     table = read_csv(out)

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 from encoder_study import export, manifest, reference, runtime, trainable
 from encoder_study.trainable import GraphError, modernbert
+from encoder_study.trainable.common import score_bias
 
 TOLERANCE = {"bert-tiny": 2e-5, "xlmr-tiny": 2e-5, "modernbert-tiny": 2e-5, "minilm": 1e-4}
 
@@ -144,8 +145,9 @@ def test_gradients_match_finite_differences_modernbert(exports, one_thread):
     mask = torch.ones(1, seq, dtype=torch.long)
     mask[0, 8:] = 0
     allowed = mask.bool()[:, None, None, :] & ((index[:, None] - index[None, :]).abs() <= 4)
+    bias = score_bias(allowed, torch.float64)
     x = torch.randn(1, seq, 32, dtype=torch.float64, generator=generator, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x: layer(x, cos, sin, allowed), (x,), eps=1e-6, atol=1e-5)
+    assert torch.autograd.gradcheck(lambda x: layer(x, cos, sin, bias), (x,), eps=1e-6, atol=1e-5)
 
     # The whole encoder, in random directions (gradcheck's fast mode): inputs and a local layer's weights.
     seq = 14

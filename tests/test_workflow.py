@@ -288,7 +288,9 @@ def test_report_holds_every_table_and_plot_with_a_caption(small_workflow):
                 if p.suffix in (".csv", ".png", ".html") and not p.is_relative_to(results_dir / "sources")}
     assert {"results/tagging/scores.csv", "results/report/tagging/scores.html",
             "results/student/training.png", "results/parity/inference.png",
-            "results/tagging/dev_upos.png"} <= expected
+            "results/tagging/dev_upos.png", "results/tagging/scores.png", "results/tagging/comparisons.png",
+            "results/tagging/per_tag.png", "results/tagging/per_tag.csv", "results/report/tagging/per_tag.html",
+            "results/parity/latency.png", "results/writeback/speed.png"} <= expected
     assert expected == set(results), expected ^ set(results)
     for path, entry in results.items():
         assert f"report/{entry['data_uri']}" in names, path

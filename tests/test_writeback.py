@@ -443,6 +443,97 @@ def test_identity_cycles_and_long_chains(tmp_path):
     assert (tmp_path / "same.onnx").read_bytes() == chain.read_bytes()
 
 
+# -- memory: no replaced tensor is ever copied whole ---------------------------------------------------
+
+def test_weights_to_graph_gives_views_of_the_parameters(tiny_exports):
+    """The replacements are read-only views of the encoder's own memory (linear weights transposed
+    views), not copies: a copy of every replaced tensor, held at once, was half a MiniLM graph."""
+    src = graph_path(tiny_exports, "bert-tiny")
+    encoder = perturbed(src)
+    replacements = writeback.module_weights_to_graph(encoder, src)
+    memory = [p.detach().numpy() for p in encoder.parameters()]
+    views = {k for k, v in replacements.items() if any(np.shares_memory(v, m) for m in memory)}
+    assert views == set(replacements) - {"model.embeddings.token_type_embeddings.weight"}  # zeroed: new
+    assert not any(replacements[k].flags.writeable for k in views)
+    assert any(not replacements[k].flags.c_contiguous for k in views)  # the transposed linear weights
+
+
+def _matmul_graph(path, value, doc=""):
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("MatMul", ["x", "w"], ["y"], name="/m/MatMul")
+    rows, cols = value.shape
+    weight = numpy_helper.from_array(value, "w")
+    weight.doc_string = doc
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cols])],
+                              initializer=[weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.mark.parametrize("chunk", [patch.CHUNK, 4096, 52])  # 52: blocks that split no row evenly
+def test_strided_views_are_written_as_their_copies(tmp_path, monkeypatch, chunk):
+    """A view written (or compared) a block at a time gives the bytes of its contiguous copy."""
+    monkeypatch.setattr(patch, "CHUNK", chunk)
+    rng = np.random.default_rng(0)
+    stored = rng.standard_normal((96, 40), dtype=np.float32)
+    src = _matmul_graph(tmp_path / "w.onnx", stored)
+    module = rng.standard_normal((40, 96), dtype=np.float32)  # [out, in], as a torch Linear keeps it
+    for i, view in enumerate([module.T, module[:, ::-1].T, np.ascontiguousarray(module.T)]):
+        patch.patch(src, tmp_path / f"view{i}.onnx", {"w": view})
+        patch.patch(src, tmp_path / f"copy{i}.onnx", {"w": np.ascontiguousarray(view)})
+        assert (tmp_path / f"view{i}.onnx").read_bytes() == (tmp_path / f"copy{i}.onnx").read_bytes()
+        written = numpy_helper.to_array(onnx.load(str(tmp_path / f"view{i}.onnx")).graph.initializer[0])
+        assert np.array_equal(written, view)
+    # Compared a block at a time: the stored value given as a view is recognised as unchanged...
+    report = patch.patch(src, tmp_path / "same.onnx", {"w": np.ascontiguousarray(stored.T).T})
+    assert report.unchanged == ["w"] and (tmp_path / "same.onnx").read_bytes() == src.read_bytes()
+    # ...and one bit changed in the last row is not.
+    changed = np.ascontiguousarray(stored.T)
+    changed.view(np.uint32)[-1, -1] ^= 1
+    assert patch.patch(src, tmp_path / "bit.onnx", {"w": changed.T}).rewritten == ["w"]
+
+
+def test_float_data_in_many_fields_is_compared_across_them(tmp_path, monkeypatch):
+    """float_data stored one fixed32 field per value (unpacked): compared across field boundaries."""
+    monkeypatch.setattr(patch, "CHUNK", 12)
+    value = np.arange(10, dtype=np.float32).reshape(2, 5)
+    # Protobuf writes float_data packed; the unpacked form (5 bytes a value, not 4) takes the room of a
+    # doc_string (field 12) that follows raw_data, so that no enclosing length changes.
+    src = _matmul_graph(tmp_path / "w.onnx", value, doc="d" * 20)
+    data = src.read_bytes()
+    packed = bytes([0x4A, 40]) + value.tobytes() + bytes([0x62, 20]) + b"d" * 20  # raw_data (9), doc (12)
+    unpacked = b"".join(bytes([0x25]) + v.tobytes() for v in value.reshape(-1))  # float_data fixed32 each
+    assert data.count(packed) == 1
+    floats = tmp_path / "floats.onnx"
+    floats.write_bytes(data.replace(packed, unpacked + bytes([0x62, 12]) + b"d" * 12))
+    assert np.array_equal(numpy_helper.to_array(onnx.load(str(floats)).graph.initializer[0]), value)
+    assert patch.patch(floats, tmp_path / "same.onnx", {"w": value.T.copy().T}).unchanged == ["w"]
+    bumped = value.copy()
+    bumped[1, 4] += 1
+    assert patch.patch(floats, tmp_path / "out.onnx", {"w": bumped.T.copy().T}).rewritten == ["w"]
+
+
+def test_writing_a_view_never_copies_it_whole(tmp_path):
+    """Patching a 16 MiB weight given as a transposed view allocates a few 1 MiB chunks, never a copy of
+    the tensor (numpy's and Python's allocations are both traced)."""
+    import tracemalloc
+
+    stored = np.zeros((2048, 2048), np.float32)
+    src = _matmul_graph(tmp_path / "w.onnx", stored)
+    module = np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32)
+    tracemalloc.start()
+    try:
+        patch.patch(src, tmp_path / "out.onnx", {"w": module.T})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < module.nbytes / 4, f"patching traced {peak / 2**20:.1f} MiB for a 16 MiB tensor"
+    written = numpy_helper.to_array(onnx.load(str(tmp_path / "out.onnx")).graph.initializer[0])
+    assert np.array_equal(written, module.T)
+
+
 # -- the fuzz target ------------------------------------------------------------------------------------
 
 def test_the_fuzz_target_runs_without_a_finding(tmp_path):

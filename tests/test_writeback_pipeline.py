@@ -334,9 +334,15 @@ def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, t
         assert (tmp_path / "writeback" / name / "test.pred.conllu").is_file()
 
     _, rows = command("speed", "--test", str(bank["test"]), "--sentences", "8", "--batch", "4",
-                      "--warmup", "0", "--repeats", "1", "--threads", "2")
+                      "--warmup", "0", "--repeats", "2", "--threads", "2", "--min-seconds", "0.05")
     assert sorted({int(r["threads"]) for r in rows}) == sorted({1, min(2, os.cpu_count() or 1)})
-    assert all(float(r["modules_tok_s"]) > 0 and float(r["graph_tok_s"]) > 0 for r in rows)
+    for r in rows:
+        for impl in ("modules", "graph"):
+            low, mid, high = (float(r[f"{impl}_tok_s{s}"]) for s in ("_min", "", "_max"))
+            assert 0 < low <= mid <= high and int(r[f"{impl}_repeats"]) >= 2
+            assert float(r[f"{impl}_seconds"]) >= 0.05
+            assert float(r[f"{impl}_fraction_of_gemm"]) == pytest.approx(
+                float(r[f"{impl}_gflops"]) / float(r["gemm_gflops"]))
 
     # Equal inputs, equal bytes (the timing table aside).
     before = {p: p.read_bytes() for p in (parity, agreement)}

@@ -62,6 +62,16 @@ def recipe_target(recipe):
     return f"provenance/{recipe}/PROVENANCE.md"
 
 
+def crate_fragments(wildcards):
+    """Every fragment `all` makes: those of each recipe whose PROVENANCE.md `all` builds, and the
+    exports table's, which no PROVENANCE.md lists (export.smk says why). A function, called once every
+    rule file is read, so that it sees every recipe and the report pages (they write none); recipes
+    outside `all` (benchmarks) stay out, or the crate would run them."""
+    built = set(rules.all.input)
+    return sorted({f for recipe, fragments in RECIPES.items() if recipe_target(recipe) in built
+                   for f in fragments} | {rules.export_table.output.prov})
+
+
 def threads_for(rule):
     """Threads a job of `rule` asks for (`threads:`): the config's `threads.<rule>` or `threads.default`.
 

@@ -130,6 +130,7 @@ rule parity_latency:
         seq_len=config["parity"]["latency_seq_len"],
         warmup=config["parity"]["latency_warmup"],
         runs=config["parity"]["latency_runs"],
+        min_seconds=config["timing"]["min_seconds"],
     # Timed: takes every slot the workflow has, so that no other job runs beside it.
     threads: CORES
     log:
@@ -143,7 +144,7 @@ rule parity_latency:
         "encoder-study parity latency --model-dir {params.model_dir:q}"
         " --source {input.source:q} --threads {params.threads} --batches {params.batches}"
         " --seq-len {params.seq_len} --warmup {params.warmup} --runs {params.runs}"
-        " --out {output.rows:q} --provenance {output.prov:q} > {log:q} 2>&1"
+        " --min-seconds {params.min_seconds} --out {output.rows:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 # One gather per table, each with only its own rows as inputs: the latency table waits on the timed
@@ -195,6 +196,8 @@ rule parity_table_latency:
         table=report("results/parity/latency.csv", caption="../report/parity/latency_table.rst",
                      category="parity", subcategory="all models"),
         markdown="results/parity/latency.md",
+        plot=report("results/parity/latency.png", caption="../report/parity/latency_plot.rst",
+                    category="parity", subcategory="all models"),
         prov=prov("parity", "parity_table_latency"),
     log:
         "logs/parity/parity_table_latency.log",
@@ -202,7 +205,7 @@ rule parity_table_latency:
         CONDA_ENV
     shell:
         "encoder-study parity table --kind latency --out {output.table:q} --markdown {output.markdown:q}"
-        " --provenance {output.prov:q} {input.rows:q} > {log:q} 2>&1"
+        " --plot {output.plot:q} --provenance {output.prov:q} {input.rows:q} > {log:q} 2>&1"
 
 
 register("parity", [prov("parity", "parity_fetch", Path(text_source(name)).name)

@@ -31,3 +31,29 @@ rule verify:
         CONDA_ENV
     shell:
         "encoder-study provenance verify --root {params.root:q} --base {params.base:q} 2>&1 | tee {log:q}"
+
+
+# The run's Workflow Run RO-Crate (Provenance Run Crate profile), built from those fragments' JSON
+# twins. It sits at the top of the working directory, beside results/ and provenance/: RO-Crate wants
+# the Snakefile inside the crate and no `../` in ids (encoder_study.crate says more). Its own fragment
+# is not in it (that fragment hashes the crate).
+rule provenance_crate:
+    input:
+        fragments=crate_fragments,
+        workflow=os.path.relpath(workflow.main_snakefile),
+        citation=os.path.relpath(Path(workflow.basedir) / "CITATION.cff"),
+        license=os.path.relpath(Path(workflow.basedir) / "LICENSE"),
+        code=lib_code("provenance", "crate"),
+    output:
+        crate="ro-crate-metadata.json",
+        prov=prov("provenance", "provenance_crate"),
+    params:
+        base=".",  # the recorded paths are relative to the working directory: the crate's root
+    log:
+        "logs/provenance/provenance_crate.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study provenance crate --base {params.base:q} --workflow {input.workflow:q}"
+        " --citation {input.citation:q} --license {input.license:q} --out {output.crate:q}"
+        " --provenance {output.prov:q} {input.fragments:q} > {log:q} 2>&1"

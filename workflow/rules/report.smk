@@ -17,6 +17,8 @@ REPORT_TABLES = {
     "tagging_scores": ("tagging", "scores", "tagging", "all runs", "tagging/scores.rst", "UPOS scores"),
     "tagging_comparisons": ("tagging", "comparisons", "tagging", "all runs", "tagging/comparisons.rst",
                             "Paired differences"),
+    "tagging_per_tag": ("tagging", "per_tag", "tagging", "all runs", "tagging/per_tag.rst",
+                        "Per-tag accuracy of the best runs"),
     "tagging_step_time": ("tagging", "step_time", "tagging", "step time", "tagging/step_time.rst",
                           "Training step time"),
     "retrieval_parity": ("retrieval", "parity", "retrieval", "retrieval graph", "retrieval/parity.rst",

@@ -204,6 +204,11 @@ rule tagging_tables:
                            category="tagging", subcategory="all runs"),
         plot=report("results/tagging/dev_upos.png", caption="../report/tagging/dev_upos.rst",
                     category="tagging", subcategory="all runs"),
+        scores_plot=report("results/tagging/scores.png", caption="../report/tagging/scores_plot.rst",
+                           category="tagging", subcategory="all runs"),
+        comparisons_plot=report("results/tagging/comparisons.png",
+                                caption="../report/tagging/comparisons_plot.rst", category="tagging",
+                                subcategory="all runs"),
         prov=prov("tagging", "tagging_tables"),
     params:
         run_dirs=lambda wc, input: " ".join(f"--run-dir {shlex.quote(str(Path(f).parent))}" for f in input.runs),
@@ -220,8 +225,39 @@ rule tagging_tables:
     shell:
         "encoder-study tagging tables {params.run_dirs} {params.gold}"
         " {params.compare} --reference baseline --scores-out {output.scores:q}"
-        " --comparisons-out {output.comparisons:q} --plot {output.plot:q} --resamples {params.resamples}"
+        " --comparisons-out {output.comparisons:q} --plot {output.plot:q} --scores-plot {output.scores_plot:q}"
+        " --comparisons-plot {output.comparisons_plot:q} --resamples {params.resamples}"
         " --seed {params.seed} --caption {params.caption:q} --provenance {output.prov:q} > {log:q} 2>&1"
+
+
+# Per-tag accuracy of the best frozen and the best fine-tuned run (highest development UPOS, ties to the
+# run name that sorts first), on the test split. Every trained run's test predictions are inputs: which
+# runs are best is known only once they are scored.
+rule tagging_per_tag:
+    input:
+        scores=rules.tagging_tables.output.scores,
+        preds=expand(rules.tagging_train.output.test, run=RUN_NAMES),
+        gold=TREEBANK["test"],
+        code=lib_code("tagging", "per-tag"),
+    output:
+        table=report("results/tagging/per_tag.csv", caption="../report/tagging/per_tag.rst",
+                     category="tagging", subcategory="all runs"),
+        # Written beside the CSV by the command; declared for the report's HTML rendering.
+        markdown="results/tagging/per_tag.md",
+        plot=report("results/tagging/per_tag.png", caption="../report/tagging/per_tag_plot.rst",
+                    category="tagging", subcategory="all runs"),
+        prov=prov("tagging", "tagging_per_tag"),
+    params:
+        run_dirs=lambda wc, input: " ".join(f"--run-dir {shlex.quote(str(Path(f).parent))}" for f in input.preds),
+        caption=TREEBANK_CAPTION,
+    log:
+        "logs/tagging/tagging_per_tag.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study tagging per-tag {params.run_dirs} --scores {input.scores:q} --split test"
+        " --gold {input.gold:q} --out {output.table:q} --plot {output.plot:q} --caption {params.caption:q}"
+        " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 rule tagging_step_time:
@@ -239,6 +275,7 @@ rule tagging_step_time:
         length=config["tagging"]["step_time"]["length"],
         warmup=config["tagging"]["step_time"]["warmup"],
         steps=config["tagging"]["step_time"]["steps"],
+        min_seconds=config["timing"]["min_seconds"],
         lr=config["tagging"]["step_time"]["lr"],
         seed=config["tagging"]["seed"],
         device=config["tagging"]["device"],
@@ -249,27 +286,28 @@ rule tagging_step_time:
         "logs/tagging/tagging_step_time.log",
     benchmark:
         "results/benchmarks/tagging_step_time.tsv"
-    resources:
-        mem_mb=resources_for("tagging_step_time", "mem_mb"),
-        runtime=resources_for("tagging_step_time", "runtime"),
+    resources: **resources_of("tagging_step_time")
     conda:
         CONDA_ENV
     shell:
         "encoder-study tagging step-time {params.models} --out {output.table:q} --batch {params.batch}"
         " --length {params.length} --warmup {params.warmup} --steps {params.steps} --lr {params.lr}"
+        " --min-seconds {params.min_seconds}"
         " --seed {params.seed} --threads {params.threads} --device {params.device}"
         " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 register("tagging", TREEBANK_FRAGMENTS + [rules.tagging_baseline.output.prov]
          + expand(rules.tagging_train.output.prov, run=RUN_NAMES)
-         + [rules.tagging_tables.output.prov, rules.tagging_step_time.output.prov])
+         + [rules.tagging_tables.output.prov, rules.tagging_per_tag.output.prov,
+            rules.tagging_step_time.output.prov])
 
 
 rule tagging:
     input:
         rules.tagging_tables.output.scores,
         rules.tagging_tables.output.comparisons,
+        rules.tagging_per_tag.output.table,
         rules.tagging_step_time.output.table,
         expand(rules.tagging_train.output.dev, run=RUN_NAMES),
         expand(rules.tagging_train.output.test, run=RUN_NAMES),

@@ -125,6 +125,7 @@ rule writeback_speed:
         batch=WRITEBACK["speed_batch"],
         warmup=WRITEBACK["speed_warmup"],
         repeats=WRITEBACK["speed_repeats"],
+        min_seconds=config["timing"]["min_seconds"],
     # Timed: takes every slot the workflow has, so that no other job runs beside it.
     threads: CORES
     log:
@@ -137,7 +138,26 @@ rule writeback_speed:
     shell:
         "encoder-study writeback speed {params.runs} --test {input.test:q} --sentences {params.sentences}"
         " --batch {params.batch} --warmup {params.warmup} --repeats {params.repeats}"
+        " --min-seconds {params.min_seconds}"
         " --threads {params.threads} --out {output.table:q} --provenance {output.prov:q} > {log:q} 2>&1"
+
+
+# The speed table as bars: a job of its own, so that a change to the plot times nothing again.
+rule writeback_speed_plot:
+    input:
+        table=rules.writeback_speed.output.table,
+        code=lib_code("writeback", "speed-plot"),
+    output:
+        plot=report("results/writeback/speed.png", caption="../report/writeback/speed_plot.rst",
+                    category="writeback", subcategory="all runs"),
+        prov=prov("writeback", "writeback_speed_plot"),
+    log:
+        "logs/writeback/writeback_speed_plot.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study writeback speed-plot --table {input.table:q} --out {output.plot:q}"
+        " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 if WRITEBACK_RUNS:
@@ -145,11 +165,12 @@ if WRITEBACK_RUNS:
     register("writeback", expand(rules.tagging_train.output.prov, run=WRITEBACK_RUNS)
              + expand(rules.writeback_pipeline.output.prov, run=WRITEBACK_RUNS)
              + [rules.writeback_parity.output.prov, rules.writeback_agreement.output.prov,
-                rules.writeback_speed.output.prov])
+                rules.writeback_speed.output.prov, rules.writeback_speed_plot.output.prov])
 
 
 rule writeback:
     input:
         # Nothing to do when the config has no fine-tuned run.
         [rules.writeback_parity.output.table, rules.writeback_agreement.output.table,
-         rules.writeback_speed.output.table, recipe_target("writeback")] if WRITEBACK_RUNS else [],
+         rules.writeback_speed.output.table, rules.writeback_speed_plot.output.plot,
+         recipe_target("writeback")] if WRITEBACK_RUNS else [],

@@ -24,6 +24,7 @@ COMMANDS = {
     "retrieval": "encoder_study.commands.retrieval",
     "provenance": "encoder_study.commands.provenance",
     "report": "encoder_study.commands.report",
+    "benchmarks": "encoder_study.commands.benchmarks",
 }
 
 

@@ -9,14 +9,12 @@ parity_tables gathers them into the tables.
 from __future__ import annotations
 
 import os
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from . import compare, files, machine, manifest
+from . import compare, files, machine, manifest, perf
 from .parity_tables import Report, write_rows
 from .runtime import OUTPUT, ort_session, pad_batch
 
@@ -69,24 +67,17 @@ def inference_parity(pair: compare.Pair, texts: list[str], threads: int, batch: 
     return result, diffs
 
 
-def time_call(fn, warmup: int, runs: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000.0)
-    return times
-
-
 def latency(pair: compare.Pair, threads: int, batches: tuple[int, ...], seq_len: int, warmup: int,
-            runs: int, seed: int = 0) -> list[dict]:
-    """Median, min and max milliseconds per call of each runtime on the same random inputs."""
+            runs: int, min_seconds: float, seed: int = 0) -> list[dict]:
+    """Milliseconds per call of each runtime on the same random inputs: median, quartiles, min and max
+    over at least `runs` calls and `min_seconds` of calls each, the runtimes taking turns; the rate
+    against the machine's matrix-multiply rate, measured first at the same threads (`perf`)."""
     threads = machine.torch_threads(threads)
+    gemm = perf.gemm_rate(threads, min_seconds)
     session = ort_session(pair.onnx_path, threads)
     vocab = int(pair.torch_model.config.vocab_size)
     seq_len = min(seq_len, pair.pieces.max_pieces)
+    shape = perf.Shape.from_config(pair.torch_model.config.to_dict())
     rng = np.random.default_rng(seed)
     rows = []
     for batch in batches:
@@ -97,11 +88,14 @@ def latency(pair: compare.Pair, threads: int, batches: tuple[int, ...], seq_len:
             "onnxruntime": lambda feeds=feeds: session.run([OUTPUT], feeds),
             "pytorch": lambda ids=ids, mask=mask: compare.torch_states(pair.torch_model, ids, mask),
         }
-        for runtime, fn in calls.items():
-            times = time_call(fn, warmup, runs)
+        flops = perf.encoder_flops(shape, [seq_len] * batch)
+        for runtime, times in perf.measure(calls, min_seconds, min_repeats=runs, warmup=warmup).items():
+            t = perf.Spread.of(times)
             rows.append({"model": pair.name, "runtime": runtime, "threads": threads, "batch": batch,
-                         "seq_len": seq_len, "median_ms": statistics.median(times), "min_ms": min(times),
-                         "max_ms": max(times), "runs": runs})
+                         "seq_len": seq_len, "median_ms": t.median * 1e3, "min_ms": t.min * 1e3,
+                         "max_ms": t.max * 1e3, "runs": t.repeats, "q1_ms": t.q1 * 1e3, "q3_ms": t.q3 * 1e3,
+                         "seconds": t.seconds, "gflop": flops / 1e9, **perf.rates(flops, t.median, gemm),
+                         "gemm_gflops": gemm})
     return rows
 
 
@@ -145,15 +139,19 @@ def trainable_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike,
 
 
 def latency_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike, threads: int,
-                 batches: tuple[int, ...], seq_len: int, warmup: int, runs: int,
+                 batches: tuple[int, ...], seq_len: int, warmup: int, runs: int, min_seconds: float,
                  out: str | os.PathLike) -> Report:
     """The model's rows of the latency table to `out` (CSV), with the machine's load around them."""
     threads = machine.torch_threads(threads)
     report = Report("Latency", "", inputs=model_inputs(model_dir, source_json))
     pair = compare.Pair.load(model_dir, source_json)
     before = machine.load_average()
-    rows = latency(pair, threads, batches, seq_len, warmup, runs)
-    report.notes.append(f"load average (1, 5, 15 min) before: {before}; after: {machine.load_average()}. "
+    rows = latency(pair, threads, batches, seq_len, warmup, runs, min_seconds)
+    after = machine.load_average()
+    for row in rows:
+        row.update(load_before=before.split()[0], load_after=after.split()[0])
+    report.notes.append(f"load average (1, 5, 15 min) before: {before}; after: {after}. Each cell: at "
+                        f"least {runs} calls and {min_seconds:g} s of calls per runtime, taking turns. "
                         "Indicative timings on a possibly shared machine, not a gated result.")
     report.markdown = write_rows("latency", rows, out)
     report.outputs.append(out)

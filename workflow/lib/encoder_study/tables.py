@@ -60,7 +60,10 @@ def markdown_table(header: list[str], rows: Iterable[Iterable], align: str | Non
 
 def formatted(value, spec: str) -> str:
     """One Markdown cell: `spec` "" as text, "n" an integer with thousands separators, "yes" a flag
-    ("yes" for True or "True", else "NO"), anything else a float format such as ".2g"."""
+    ("yes" for True or "True", else "NO"), anything else a float format such as ".2g". A value the row
+    does not have (None, or a CSV's empty cell) stays an empty cell."""
+    if value is None or (value == "" and spec not in ("", "yes")):
+        return ""
     if spec == "":
         return str(value)
     if spec == "n":

@@ -14,7 +14,7 @@ Tables (each with a Markdown rendering beside it, one row per run and comparison
 |---|---|
 | parity.csv | run, encoder, comparison, tokens, max_abs, mean_abs, max_value, min_cos |
 | agreement.csv | run, encoder, split, tokens, sentences, differing_tokens, upos, ci_low, ci_high, ... |
-| speed.csv | run, encoder, threads, sentences, tokens, repeats, modules_tok_s, graph_tok_s, ratio |
+| speed.csv | run, encoder, threads, tokens, modules_tok_s, graph_tok_s, ratio, spreads, fraction_of_gemm |
 
 `parity` compares, one text per run and every token, ONNX Runtime on the written graph with the
 trainable modules the weights came from; the export's own graph against the same modules is the
@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import os
 import resource
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from . import files, manifest, tables
+from . import files, manifest, perf, plots, tables
 from .data import conllu
 from .onnx import names, patch
 from .onnx.patch import WritebackError
@@ -49,25 +47,38 @@ COMPARISONS = ("written graph vs modules", "export graph vs modules")
 AGREEMENT_COLUMNS = ["run", "encoder", "split", "tokens", "sentences", "differing_tokens", "upos", "ci_low",
                      "ci_high", "upos_inline", "resamples", "seed"]
 SPEED_COLUMNS = ["run", "encoder", "threads", "sentences", "tokens", "repeats", "modules_tok_s",
-                 "graph_tok_s", "ratio"]
+                 "graph_tok_s", "ratio", "modules_tok_s_min", "modules_tok_s_max", "graph_tok_s_min",
+                 "graph_tok_s_max", "modules_repeats", "graph_repeats", "modules_seconds", "graph_seconds",
+                 "gflop", "modules_gflops", "graph_gflops", "gemm_gflops", "modules_fraction_of_gemm",
+                 "graph_fraction_of_gemm"]
 # The Markdown renderings' columns (tables.markdown): (key, title, format).
 PARITY_MARKDOWN = (("run", "run", ""), ("encoder", "encoder", ""), ("comparison", "comparison", ""),
                    *tables.PARITY_COLUMNS)
 SPEED_MARKDOWN = (("run", "run", ""), ("encoder", "encoder", ""), ("threads", "threads", "n"),
                   ("tokens", "tokens", "n"), ("modules_tok_s", "modules (tok/s)", ",.0f"),
-                  ("graph_tok_s", "written graph (tok/s)", ",.0f"), ("ratio", "ratio", ".1f"))
+                  ("graph_tok_s", "written graph (tok/s)", ",.0f"), ("ratio", "ratio", ".1f"),
+                  ("modules_fraction_of_gemm", "modules of GEMM", ".2f"),
+                  ("graph_fraction_of_gemm", "graph of GEMM", ".2f"), ("repeats", "passes", "n"))
 
 __all__ = ["AGREEMENT_COLUMNS", "COMPARISONS", "PARITY_COLUMNS", "SPEED_COLUMNS", "WritebackError",
            "agreement_markdown", "agreement_row", "module_weights_to_graph", "parity_markdown",
-           "parity_rows", "save_with_graph", "speed_markdown", "speed_rows", "write_pipeline"]
+           "parity_rows", "plot_speed", "save_with_graph", "speed_bar", "speed_markdown", "speed_rows",
+           "write_pipeline"]
 
 
 # -- the weights under the graph's names ----------------------------------------------------------------
 
 def _param(tensor, transpose: bool = False) -> np.ndarray:
-    """A float32 copy of a parameter, [in, out] when `transpose`; one copy, never two."""
+    """A parameter's float32 values as a read-only view of its memory, [in, out] when `transpose`.
+
+    Not a copy: the patcher writes a view a block of rows at a time, so writing a graph back costs no
+    copy of its weights (a whole copy of every replaced tensor, held at once, was 0.5 x a MiniLM graph)."""
     value = tensor.detach().cpu().numpy()
-    return np.array(value.T if transpose else value, dtype=np.float32, order="C", copy=True)
+    if value.dtype != np.float32:
+        value = value.astype(np.float32)
+    value = value.T if transpose else value.view()
+    value.flags.writeable = False  # a view of the module's weights: writing to it would change them
+    return value
 
 
 def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) -> dict[str, np.ndarray]:
@@ -87,8 +98,9 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
 
     The graph is never loaded whole: names come from the patcher's streaming index
     (`onnx.patch.StreamedGraph`), and the only values read are the BERT family's position and
-    token-type tables, so memory stays near the size of the copies returned (the graphs of the study
-    are over 1 GB).
+    token-type tables; the arrays returned are read-only views of the encoder's parameters (linear
+    weights transposed views), not copies, so memory stays near the encoder's own (the graphs of the
+    study are over 1 GB). Write them before the encoder changes again, or copy them.
     """
     from .trainable import FAMILIES
     from .trainable import postnorm as pn
@@ -379,22 +391,20 @@ def agreement_markdown(rows: list[dict]) -> str:
 
 # -- speed ----------------------------------------------------------------------------------------------
 
-def _time(tagger, batches, warmup: int, repeats: int) -> float:
-    """Median seconds to tag every batch, after `warmup` untimed passes; nothing cached between passes."""
-    seconds = []
-    for rep in range(warmup + repeats):
-        if hasattr(tagger.encoder, "clear_cache"):
-            tagger.encoder.clear_cache()  # the frozen encoder keeps each document's vectors
-        start = time.perf_counter()
-        for batch in batches:
-            tagger.predict_ids(batch, batch_words=sys.maxsize)  # one forward per batch of documents
-        if rep >= warmup:
-            seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+def _tag_all(tagger, batches) -> None:
+    """One pass: tag every batch, nothing cached from an earlier pass."""
+    if hasattr(tagger.encoder, "clear_cache"):
+        tagger.encoder.clear_cache()  # the frozen encoder keeps each document's vectors
+    for batch in batches:
+        tagger.predict_ids(batch, batch_words=sys.maxsize)  # one forward per batch of documents
 
 
 def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, sentences, batch: int,
-               thread_counts: list[int], warmup: int, repeats: int) -> list[dict]:
+               thread_counts: list[int], warmup: int, repeats: int, min_seconds: float) -> list[dict]:
+    """Tokens per second of the inline modules and the written graph at each thread count: the median
+    pass of at least `repeats` passes and `min_seconds` of passes each, the two taking turns, with the
+    slowest and fastest pass; and the rate against the machine's matrix-multiply rate at those threads
+    (counted on the windows the encoder runs, each at its own length: padding is not counted as work)."""
     docs = [s.doc() for s in sentences]
     tokens = sum(len(d.words) for d in docs)
     batches = [docs[i:i + batch] for i in range(0, len(docs), batch)]
@@ -403,12 +413,26 @@ def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, 
         modules = pipeline.load(inline, threads=threads)  # sets torch's threads
         graph = pipeline.load(written, threads=threads)  # ONNX Runtime's intra-op threads
         graph.encoder.batch_size = batch  # a batch's windows in one call, as the modules run them
-        modules_s = _time(modules, batches, warmup, repeats)
-        graph_s = _time(graph, batches, warmup, repeats)
+        encoder = graph.encoder
+        lengths = [len(window) for doc in encoder.tokenizer.prepare_many(docs, encoder.max_length)
+                   for window in doc.inputs]
+        flops = perf.encoder_flops(perf.Shape.from_config(encoder.config), lengths)
+        gemm = perf.gemm_rate(threads, min_seconds)
+        times = perf.measure({"modules": lambda m=modules: _tag_all(m, batches),
+                              "graph": lambda g=graph: _tag_all(g, batches)},
+                             min_seconds, min_repeats=repeats, warmup=warmup)
+        mod, gra = perf.Spread.of(times["modules"]), perf.Spread.of(times["graph"])
         rows.append({"run": run, "encoder": _encoder_name(graph), "threads": threads,
-                     "sentences": len(docs), "tokens": tokens, "repeats": repeats,
-                     "modules_tok_s": tokens / modules_s, "graph_tok_s": tokens / graph_s,
-                     "ratio": modules_s / graph_s})
+                     "sentences": len(docs), "tokens": tokens, "repeats": min(mod.repeats, gra.repeats),
+                     "modules_tok_s": tokens / mod.median, "graph_tok_s": tokens / gra.median,
+                     "ratio": mod.median / gra.median,
+                     "modules_tok_s_min": tokens / mod.max, "modules_tok_s_max": tokens / mod.min,
+                     "graph_tok_s_min": tokens / gra.max, "graph_tok_s_max": tokens / gra.min,
+                     "modules_repeats": mod.repeats, "graph_repeats": gra.repeats,
+                     "modules_seconds": mod.seconds, "graph_seconds": gra.seconds, "gflop": flops / 1e9,
+                     "modules_gflops": flops / mod.median / 1e9, "graph_gflops": flops / gra.median / 1e9,
+                     "gemm_gflops": gemm, "modules_fraction_of_gemm": flops / mod.median / 1e9 / gemm,
+                     "graph_fraction_of_gemm": flops / gra.median / 1e9 / gemm})
     return rows
 
 
@@ -422,3 +446,29 @@ def write_table(out: str | os.PathLike, rows: list[dict], columns: list[str], ma
     files.write_text(out, tables.csv_text(rows, columns))
     files.write_text(out.with_suffix(".md"), markdown)
     return [out, out.with_suffix(".md")]
+
+
+# The speed plot's bars: column of the median, its series' name in the legend.
+SPEED_SERIES = (("modules_tok_s", "inline modules (PyTorch)"),
+                ("graph_tok_s", "written graph (ONNX Runtime)"))
+
+
+def speed_bar(row: dict, column: str) -> plots.Bar:
+    """A bar at the row's median rate, its error bar from `<column>_min` to `<column>_max` when the table
+    has both (an empty or missing cell: no error bar)."""
+    low, high = row.get(f"{column}_min") or None, row.get(f"{column}_max") or None
+    return plots.Bar(float(row[column]), *((float(low), float(high)) if low and high else ()))
+
+
+def plot_speed(rows: list[dict], target: str | os.PathLike) -> None:
+    """Bars of speed.csv (rows as read back): tokens per second per encoder and thread count (the run's
+    name where two runs share an encoder), one bar for the inline modules and one for the written
+    graph, each with its spread when the table has it (`plots.bars`)."""
+    runs_of: dict[str, set] = {}
+    for r in rows:
+        runs_of.setdefault(r["encoder"], set()).add(r["run"])
+    labels = [f"{r['encoder'] if len(runs_of[r['encoder']]) == 1 else r['run']}\n{r['threads']} thread"
+              f"{'' if str(r['threads']) == '1' else 's'}" for r in rows]
+    plots.bars(labels, {name: [speed_bar(r, column) for r in rows] for column, name in SPEED_SERIES},
+               target, "tokens per second (median; bar: slowest to fastest pass)",
+               "Write-back: tagging speed", log="auto")

@@ -10,7 +10,7 @@
     encoder-study parity trainable --model-dir D --source S --texts T --threads 2 \\
         --out results/parity/trainable/minilm.csv ...
     encoder-study parity latency --model-dir D --source S --threads 8 --batches 1,8 --seq-len 64 \\
-        --warmup 3 --runs 20 --out results/parity/latency/minilm.csv ...
+        --warmup 3 --runs 20 --min-seconds 2 --out results/parity/latency/minilm.csv ...
     encoder-study parity table --kind inference --out results/parity/inference.csv \\
         --markdown results/parity/inference.md --plot results/parity/inference.png ... PARTS...
 
@@ -76,7 +76,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", required=True, help="comma-separated batch sizes, e.g. 1,8")
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--warmup", type=int, required=True)
-    p.add_argument("--runs", type=int, required=True)
+    p.add_argument("--runs", type=int, required=True, help="at least this many calls per cell")
+    p.add_argument("--min-seconds", type=float, required=True,
+                   help="at least this many seconds of calls per cell (and for the GEMM probe)")
 
     p = sub.add_parser("table", help="gather per-model rows into a table, its Markdown (and the plot)")
     provenance.add_arguments(p)
@@ -84,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=["inference", "trainable", "latency"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--markdown", required=True)
-    p.add_argument("--plot", help="PNG of the per-token differences (inference)")
+    p.add_argument("--plot", help="PNG: inference, per-token differences; latency, bars with their spread")
     p.add_argument("parts", nargs="+", help="per-model CSVs (and, for inference, their .npy beside them)")
     return top
 
@@ -166,7 +168,7 @@ def latency(args) -> int:
     batches = tuple(int(b) for b in args.batches.split(","))
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
         _record(frag, parity.latency_rows(args.model_dir, args.source, threads, batches, args.seq_len,
-                                          args.warmup, args.runs, args.out))
+                                          args.warmup, args.runs, args.min_seconds, args.out))
     return 0
 
 

@@ -1,9 +1,12 @@
-"""`encoder-study provenance join|verify|explain`: a recipe's PROVENANCE.md, re-hashing every file
-the fragments' JSON twins name, and the chain of jobs behind a file or one row of a table.
+"""`encoder-study provenance join|verify|explain|crate`: a recipe's PROVENANCE.md, re-hashing every
+file the fragments' JSON twins name, the chain of jobs behind a file or one row of a table, and the
+run's Workflow Run RO-Crate (library: encoder_study.crate).
 
     encoder-study provenance join --recipe student --out provenance/student/PROVENANCE.md FRAGMENT...
     encoder-study provenance verify --root provenance --base . [--env]
     encoder-study provenance explain results/tagging/scores.csv --row minilm-finetuned,test
+    encoder-study provenance crate --base . --workflow Snakefile --citation CITATION.cff \\
+        --license LICENSE --out ro-crate-metadata.json --provenance FRAGMENT FRAGMENT...
 """
 
 from __future__ import annotations
@@ -41,6 +44,21 @@ def explain(args) -> int:
     return 0
 
 
+def crate(args) -> int:
+    from .. import crate as run_crate
+    from .. import files
+
+    with provenance.Fragment(args.provenance, provenance.settings(args, ("fragments",))) as frag:
+        records = run_crate.read_fragments(args.fragments)
+        frag.inputs += [twin for twin, _ in records] + [args.workflow, args.citation, args.license]
+        built = run_crate.build(records, args.base, args.workflow, args.citation, args.license)
+        files.write_text(args.out, run_crate.text(built))
+        frag.outputs.append(args.out)
+        frag.note(f"{len(records)} jobs and {len(run_crate.files_of(built))} files described")
+    print(f"crate: {args.out} describes {len(records)} jobs")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(prog="encoder-study provenance",
                                      description="join, verify or explain fragments")
@@ -63,4 +81,15 @@ def parser() -> argparse.ArgumentParser:
                                  "comma-separated, e.g. minilm-finetuned,test")
     p.add_argument("--root", default="provenance", help="the fragments' folder")
     p.add_argument("--base", default=".", help="the folder the recorded paths are relative to")
+    p = sub.add_parser("crate", help="the run's Workflow Run RO-Crate (Provenance Run Crate profile)")
+    p.set_defaults(run=crate)
+    p.add_argument("--base", required=True,
+                   help="the crate's root: the folder the recorded paths are relative to (.)")
+    p.add_argument("--workflow", required=True, help="the Snakefile, inside --base")
+    p.add_argument("--citation", required=True, help="CITATION.cff: the title, authors and licence")
+    p.add_argument("--license", required=True, help="the licence's text: LICENSE")
+    p.add_argument("--out", required=True, help="the crate: <base>/ro-crate-metadata.json (its ids are "
+                                                "relative to --base, so elsewhere it is only a copy)")
+    provenance.add_arguments(p)
+    p.add_argument("fragments", nargs="+", help="every fragment of the run (Markdown or JSON twin)")
     return result

@@ -1,4 +1,4 @@
-"""`encoder-study tagging treebank|ood|fetch|train|baseline|tables|step-time|predict`: the tagging commands.
+"""`encoder-study tagging treebank|ood|fetch|train|baseline|tables|per-tag|step-time|predict`.
 
     encoder-study tagging treebank --seed 0 --train 1500 --dev 300 --test 300 --out-dir results/treebank ...
     encoder-study tagging ood --name ood --seed 0 --sentences 200 --out results/treebank/ood.conllu ...
@@ -14,7 +14,11 @@
         --out-dir results/tagging/baseline ...
     encoder-study tagging tables --run-dir results/tagging/a --run-dir results/tagging/b \\
         --gold dev=D --gold test=E --compare a:b --scores-out results/tagging/scores.csv \\
-        --comparisons-out results/tagging/comparisons.csv --plot results/tagging/dev_upos.png ...
+        --comparisons-out results/tagging/comparisons.csv --plot results/tagging/dev_upos.png \\
+        --scores-plot results/tagging/scores.png --comparisons-plot results/tagging/comparisons.png ...
+    encoder-study tagging per-tag --run-dir results/tagging/a ... --scores results/tagging/scores.csv \\
+        --split test --gold results/treebank/test.conllu --out results/tagging/per_tag.csv \\
+        --plot results/tagging/per_tag.png ...
     encoder-study tagging step-time --model results/models/minilm results/sources/minilm/source.json \\
         --out results/tagging/step_time.csv --device auto ...
     encoder-study tagging predict --pipeline results/tagging/minilm-finetuned-mean/pipeline.safetensors \
@@ -180,9 +184,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scores-out", required=True, help="results/tagging/scores.csv (+ .md)")
     p.add_argument("--comparisons-out", help="results/tagging/comparisons.csv (+ .md)")
     p.add_argument("--plot", help="PNG of development UPOS against step")
+    p.add_argument("--scores-plot", help="PNG: the scores as a forest plot (UPOS, interval per run)")
+    p.add_argument("--comparisons-plot", help="PNG: the paired differences as a forest plot")
     p.add_argument("--resamples", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--caption", required=True, help="what treebank the numbers are on (under the .md tables)")
+
+    p = sub.add_parser("per-tag", help="per-tag accuracy of the best frozen and the best fine-tuned run")
+    provenance.add_arguments(p)
+    p.set_defaults(run=per_tag)
+    p.add_argument("--run-dir", action="append", required=True, help="results/tagging/<run>; repeat")
+    p.add_argument("--scores", required=True, help="results/tagging/scores.csv: picks the best runs")
+    p.add_argument("--split", required=True, help="the split scored per tag (a run dir's SPLIT.pred.conllu)")
+    p.add_argument("--gold", required=True, help="that split's gold CoNLL-U file")
+    p.add_argument("--out", required=True, help="results/tagging/per_tag.csv (+ .md)")
+    p.add_argument("--plot", required=True, help="PNG: grouped bars per tag")
+    p.add_argument("--caption", required=True, help="what treebank the numbers are on (under the .md table)")
 
     p = sub.add_parser("step-time", help="one fine-tuning step in parts: ours against transformers")
     provenance.add_arguments(p)
@@ -193,7 +210,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--length", type=int, required=True)
     p.add_argument("--warmup", type=int, required=True, help="untimed steps first")
-    p.add_argument("--steps", type=int, required=True, help="timed steps (medians are reported)")
+    p.add_argument("--steps", type=int, required=True, help="at least this many timed steps (medians)")
+    p.add_argument("--min-seconds", type=float, required=True,
+                   help="at least this many seconds of steps per implementation (and the GEMM probe)")
     p.add_argument("--lr", type=float, required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--threads", type=int, required=True)
@@ -373,13 +392,29 @@ def tables(args) -> int:
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
         gathered = runs.gather(args.run_dir, dict(args.gold), args.compare, args.scores_out,
                                args.comparisons_out, args.plot, args.reference, args.resamples, args.seed,
-                               args.caption)
+                               args.caption, scores_plot=args.scores_plot,
+                               comparisons_plot=args.comparisons_plot)
         frag.inputs += gathered.inputs
         frag.outputs += gathered.outputs
         frag.table("Scores", evaluate.scores_markdown(gathered.scores))
         if gathered.comparisons:
             frag.table("Comparisons (a - b, paired bootstrap over sentences)",
                        evaluate.comparisons_markdown(gathered.comparisons))
+    return 0
+
+
+def per_tag(args) -> int:
+    from .. import tables
+    from ..tagging import evaluate, runs
+
+    with provenance.Fragment(args.provenance, _settings(args)) as frag:
+        done = runs.per_tag(args.run_dir, args.scores, args.gold, args.split, args.out, args.plot,
+                            args.caption)
+        frag.inputs += done.inputs
+        frag.outputs += done.outputs
+        frag.table(f"Per-tag accuracy ({args.split})", tables.markdown(done.rows, evaluate.PER_TAG_MARKDOWN))
+        for note in done.notes:
+            frag.note(note)
     return 0
 
 
@@ -393,20 +428,22 @@ def step_time(args) -> int:
     device = resolve_device(args.device)  # before anything starts CUDA
     out, markdown_path = Path(args.out), Path(args.out).with_suffix(".md")
     with provenance.Fragment(args.provenance, _settings(args), threads=threads) as frag:
-        rows = []
+        rows, before = [], machine.load_average()
         for model_dir, source in args.model:
             frag.inputs += [source, *(Path(model_dir) / n for n in (manifest.ONNX_FILE, manifest.MANIFEST))]
             rows += steptime.step_time(model_dir, source, batch=args.batch, length=args.length,
                                        warmup=args.warmup, steps=args.steps, lr=args.lr, seed=args.seed,
-                                       device=device)
+                                       min_seconds=args.min_seconds, device=device)
         files.write_text(out, csv_text(rows, steptime.COLUMNS))  # repr floats, fixed columns
         markdown = steptime.markdown(rows)
         files.write_text(markdown_path, markdown)
         frag.outputs += [out, markdown_path]
         _report_device(device)
         frag.table("Fine-tuning step", markdown)
-        frag.note(f"median of {args.steps} steps after {args.warmup} warm-up step(s); batch {args.batch} x "
-                  f"{args.length} pieces; AdamW lr {args.lr}; token table frozen in both; indicative timings")
+        frag.note(f"medians of at least {args.steps} steps and {args.min_seconds:g} s of steps per "
+                  f"implementation (the two taking turns) after {args.warmup} warm-up step(s); batch "
+                  f"{args.batch} x {args.length} pieces; AdamW lr {args.lr}; token table frozen in both; "
+                  f"load average before: {before}, after: {machine.load_average()}; indicative timings")
     return 0
 
 

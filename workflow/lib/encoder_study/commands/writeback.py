@@ -1,4 +1,4 @@
-"""`encoder-study writeback pipeline|parity|agreement|speed`: the writeback recipe's commands.
+"""`encoder-study writeback pipeline|parity|agreement|speed|speed-plot`: the writeback recipe's commands.
 
     encoder-study writeback pipeline --inline results/tagging/R/pipeline.safetensors \\
         --out results/writeback/R/pipeline.safetensors --threads 1 --provenance provenance/writeback/...-R.md
@@ -7,7 +7,9 @@
     encoder-study writeback agreement --run R INLINE WRITTEN ... --test results/treebank/test.conllu \\
         --pred-dir results/writeback --resamples 10000 --seed 0 --out results/writeback/agreement.csv ...
     encoder-study writeback speed --run R INLINE WRITTEN ... --test ... --sentences 200 --batch 32 \\
-        --warmup 1 --repeats 2 --out results/writeback/speed.csv ...
+        --warmup 1 --repeats 2 --min-seconds 2 --out results/writeback/speed.csv ...
+    encoder-study writeback speed-plot --table results/writeback/speed.csv \\
+        --out results/writeback/speed.png ...
 
 Argparse and wiring only; the stage is `encoder_study.writeback`, the defaults are the config schema's.
 """
@@ -116,15 +118,30 @@ def speed(args) -> int:
         for run, inline, written in sorted(args.runs):
             frag.inputs += writeback.run_inputs(inline, written)
             rows += writeback.speed_rows(run, inline, written, sentences, args.batch, counts, args.warmup,
-                                         args.repeats)
+                                         args.repeats, args.min_seconds)
         markdown = writeback.speed_markdown(rows)
         frag.outputs += writeback.write_table(args.out, rows, writeback.SPEED_COLUMNS, markdown)
         frag.table("Write-back speed", markdown)
         frag.note(f"tagging the first {len(sentences)} sentences of {args.test} (gold tokens), batches "
-                  f"of {args.batch} documents, median of {args.repeats} repetition(s) after {args.warmup} "
-                  f"warm-up pass(es); threads {', '.join(map(str, counts))}; load average (1, 5, 15 min) "
+                  f"of {args.batch} documents, median of at least {args.repeats} passes and "
+                  f"{args.min_seconds:g} s of passes per implementation (the two taking turns) after "
+                  f"{args.warmup} warm-up pass(es); threads {', '.join(map(str, counts))}; load average "
+                  f"(1, 5, 15 min) "
                   f"before: {before}; after: {load_average()}. Indicative timings, not a gated result; "
                   "excluded from byte identity.")
+    return 0
+
+
+def speed_plot(args) -> int:
+    from .. import tables, writeback
+
+    with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
+        frag.inputs.append(args.table)
+        writeback.plot_speed(tables.read_csv(args.table), args.out)
+        frag.outputs.append(args.out)
+        frag.note("a plot of the table's numbers (median tokens/s, spread from the slowest to the fastest "
+                  "pass where the table has it); its own job, so that a change to the plot times nothing "
+                  "again")
     return 0
 
 
@@ -162,6 +179,14 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--sentences", type=_positive, required=True, help="the first N test sentences")
             s.add_argument("--batch", type=_positive, required=True, help="documents per forward")
             s.add_argument("--warmup", type=int, required=True, help="untimed passes first")
-            s.add_argument("--repeats", type=_positive, required=True)
+            s.add_argument("--repeats", type=_positive, required=True, help="at least this many timed passes")
+            s.add_argument("--min-seconds", type=float, required=True,
+                           help="at least this many seconds of passes per implementation (and GEMM probe)")
         s.set_defaults(run=function)
+
+    s = sub.add_parser("speed-plot", help="the speed table as bars with their spread (no timing)")
+    provenance.add_arguments(s)
+    s.add_argument("--table", required=True, help="results/writeback/speed.csv")
+    s.add_argument("--out", required=True, help="results/writeback/speed.png")
+    s.set_defaults(run=speed_plot)
     return p

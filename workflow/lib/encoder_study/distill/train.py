@@ -96,7 +96,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import files, provenance, tables, trainable
+from .. import files, plots, provenance, tables, trainable
 from ..files import CheckpointError  # noqa: F401 -- what resuming raises; callers import it from here
 from ..tokens import PieceTokenizer
 from ..trainable.common import determinism
@@ -437,26 +437,17 @@ def write_log(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
 
 def plot_loss(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
     """The loss curve (total and each term) against the step, as a PNG with fixed metadata."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-    steps = [r["step"] for r in rows]
-    axis.plot(steps, [r["loss"] for r in rows], label="loss", linewidth=2)
-    for term in TERMS:
-        axis.plot(steps, [r[term] for r in rows], label=term, linewidth=1)
-    axis.set_xlabel("step")
-    axis.set_ylabel("distillation loss")
-    axis.set_yscale("log")
-    axis.legend()
-    axis.grid(alpha=0.3)
-    figure.tight_layout()
-    with files.atomic_path(path) as tmp:
-        # No date or software version in the file, so equal curves give equal bytes.
-        figure.savefig(tmp, format="png", metadata={"Software": None})
-    plt.close(figure)
+    with plots.figure(path, 6.4, 4.0) as figure:  # the style and the deterministic PNG writer
+        axis = figure.add_subplot()
+        steps = [r["step"] for r in rows]
+        axis.plot(steps, [r["loss"] for r in rows], label="loss", linewidth=2)
+        for term in TERMS:
+            axis.plot(steps, [r[term] for r in rows], label=term, linewidth=1)
+        axis.set_xlabel("step")
+        axis.set_ylabel("distillation loss")
+        axis.set_yscale("log")
+        axis.legend()
+        axis.grid(alpha=0.3)
 
 
 # ---------------------------------------------------------------------------------------------------------

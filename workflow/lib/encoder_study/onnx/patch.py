@@ -334,19 +334,40 @@ def _old_value(source: _Source, t: _Tensor) -> np.ndarray:
         raise source.malformed(f"tensor {t.name!r} has dims {t.dims} ({err})") from err
 
 
+def _chunks(value: np.ndarray):
+    """`value`'s bytes in C order, about CHUNK at a time. A contiguous array gives views of its own
+    memory; any other (a module's weight transposed to [in, out] is a view) a block of leading rows
+    copied at a time, so that no replacement is ever copied whole."""
+    if value.flags.c_contiguous:
+        flat = memoryview(value.reshape(-1)).cast("B")
+        for at in range(0, len(flat), CHUNK):
+            yield flat[at:at + CHUNK]
+        return
+    rows = max(1, CHUNK // max(1, value[0].nbytes))
+    for i in range(0, value.shape[0], rows):
+        yield memoryview(np.ascontiguousarray(value[i:i + rows]).reshape(-1)).cast("B")
+
+
 def _stored_equals(source: _Source, t: _Tensor, value: np.ndarray) -> bool:
-    """Whether `value` ("<f4", contiguous) is bitwise what `t` stores; read a chunk at a time, so that
-    comparing a replacement costs no second copy of it."""
+    """Whether `value` (float32, any strides) is bitwise what `t` stores; both read a chunk at a time,
+    so that comparing a replacement costs no second copy of it."""
     spans = _data_spans(source, t)
     if list(value.shape) != t.dims:
         return False
-    mine, at = value.reshape(-1).view(np.uint8), 0
-    for start, end in spans:
-        for pos in range(start, end, CHUNK):
-            n = min(CHUNK, end - pos)
-            if source.read(pos, n) != mine[at:at + n].tobytes():  # bytes compare with memcmp
+    span, pos = 0, spans[0][0] if spans else 0
+    for mine in _chunks(value):
+        stored, n = [], len(mine)
+        while n:  # the same byte count from the data fields, in order (float_data may be many fields)
+            take = min(n, spans[span][1] - pos)
+            if take <= 0:  # cannot happen (_data_spans checked the count); never loop on it
                 return False
-            at += n
+            stored.append(source.read(pos, take))
+            pos, n = pos + take, n - take
+            if pos == spans[span][1] and span + 1 < len(spans):
+                span += 1
+                pos = spans[span][0]
+        if b"".join(stored) != bytes(mine):  # bytes compare with memcmp; a memoryview's is per item
+            return False
     return True
 
 
@@ -410,7 +431,7 @@ class _Plan:
     size: int = 0
     graph_body: int = 0
     tensor_bodies: dict[int, list] = field(default_factory=dict)  # initializer start -> pieces
-    new_fields: bytes = b""
+    new_bytes: int = 0  # the new initializers' fields, serialised one at a time when written
 
 
 def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
@@ -423,7 +444,9 @@ def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
         if array.dtype != np.float32:
             raise WritebackError(f"{path}: the value for {name!r} is {array.dtype}; give float32 arrays "
                                  "(the graph's weights are float32)")
-        values[name] = np.ascontiguousarray(array, dtype="<f4")
+        if array.dtype != np.dtype("<f4"):  # a big-endian machine's float32: the file is little-endian
+            array = array.astype("<f4")
+        values[name] = array  # as given (views included): copied a chunk at a time when compared or written
 
     roots: dict[str, str | None] = {}  # name -> its stored initializer (None: none); each chain walked once
 
@@ -549,19 +572,13 @@ def _size(pieces) -> int:
 
 def _layout(source: _Source, plan: _Plan) -> None:
     """Work out every replaced piece and the result's size before anything is written."""
-    from onnx import numpy_helper
-
     index = plan.index
     for name, value in plan.rewrite.items():
         t = index.tensors[name]
         body = _tensor_pieces(source, t, value, plan.report)
         plan.tensor_bodies[t.span.start] = [_key(5, LENGTH) + _encode_varint(_size(body))] + body
-    parts = []
-    for name, value in plan.new.items():
-        encoded = numpy_helper.from_array(value, name).SerializeToString()
-        parts.append(_key(5, LENGTH) + _encode_varint(len(encoded)) + encoded)
-    plan.new_fields = b"".join(parts)
-    graph_size = len(plan.new_fields)
+    plan.new_bytes = sum(len(_new_field(name, value)) for name, value in plan.new.items())
+    graph_size = plan.new_bytes
     for f in index.graph_fields:
         if f.start in plan.drop:
             continue
@@ -577,12 +594,28 @@ def _layout(source: _Source, plan: _Plan) -> None:
     plan.size = size
 
 
+def _new_field(name: str, value: np.ndarray) -> bytes:
+    """The graph's initializer field for a materialised Identity name; made when needed, never kept."""
+    from onnx import numpy_helper
+
+    encoded = numpy_helper.from_array(value, name).SerializeToString()
+    return _key(5, LENGTH) + _encode_varint(len(encoded)) + encoded
+
+
+def _write_new(plan: _Plan, out) -> None:
+    for name, value in plan.new.items():  # new initializers go after the others
+        out.write(_new_field(name, value))
+
+
 def _write_pieces(source: _Source, pieces, out) -> None:
     for p in pieces:
         if isinstance(p, tuple):
             source.copy(p[0], p[1], out)
+        elif isinstance(p, np.ndarray):
+            for chunk in _chunks(p):
+                out.write(chunk)
         else:
-            out.write(memoryview(p).cast("B") if isinstance(p, np.ndarray) else p)
+            out.write(p)
 
 
 def _write(source: _Source, plan: _Plan, out) -> None:
@@ -599,9 +632,9 @@ def _write(source: _Source, plan: _Plan, out) -> None:
             body = plan.tensor_bodies.get(g.start)
             _write_pieces(source, body if body is not None else [(g.start, g.end)], out)
             if g.start == last_initializer:
-                out.write(plan.new_fields)  # new initializers go after the others
+                _write_new(plan, out)
         if last_initializer is None:
-            out.write(plan.new_fields)
+            _write_new(plan, out)
 
 
 # -- reading without writing ----------------------------------------------------------------------

@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
-from .. import files, tables
+from .. import files, plots, tables
+from ..data.conllu import UPOS
 from ..errors import UserError
 
 RESAMPLES = 10_000
@@ -94,20 +95,40 @@ class Difference:
     confidence: float
 
 
-def sentence_counts(gold: Sequence[Tags], pred: Sequence[Tags]) -> tuple[np.ndarray, np.ndarray]:
-    """Per sentence: (correct tokens, tokens) as int64 arrays; refuses misaligned or empty sentences."""
+def aligned(gold: Sequence[Tags], pred: Sequence[Tags]) -> Iterator[tuple[Tags, Tags]]:
+    """(gold tags, predicted tags) of each sentence, word i against word i; refuses misaligned or empty
+    sentences. Every score here (accuracy, differences, per-tag counts) reads the tags through this."""
     if len(gold) != len(pred):
         raise EvaluationError(f"{len(gold)} gold sentences but {len(pred)} predicted ones")
-    correct = np.zeros(len(gold), dtype=np.int64)
-    tokens = np.zeros(len(gold), dtype=np.int64)
     for i, (g, p) in enumerate(zip(gold, pred, strict=True)):
         if len(g) != len(p):
             raise EvaluationError(f"sentence {i}: {len(g)} gold tags but {len(p)} predicted")
         if not g:
             raise EvaluationError(f"sentence {i} has no tokens")
+        yield g, p
+
+
+def sentence_counts(gold: Sequence[Tags], pred: Sequence[Tags]) -> tuple[np.ndarray, np.ndarray]:
+    """Per sentence: (correct tokens, tokens) as int64 arrays; refuses misaligned or empty sentences."""
+    correct = np.zeros(len(gold), dtype=np.int64)
+    tokens = np.zeros(len(gold), dtype=np.int64)
+    for i, (g, p) in enumerate(aligned(gold, pred)):
         tokens[i] = len(g)
         correct[i] = sum(a == b for a, b in zip(g, p, strict=True))
     return correct, tokens
+
+
+def per_tag_counts(gold: Sequence[Tags], pred: Sequence[Tags]) -> dict[str, tuple[int, int]]:
+    """gold UPOS -> (gold words with that tag, those of them predicted right), over every sentence.
+
+    The words are the ones `accuracy_interval` scores, so the counts add up to its tokens and correct
+    words: sum(correct) / sum(gold) is the accuracy."""
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for g, p in aligned(gold, pred):
+        for a, b in zip(g, p, strict=True):
+            counts[a][0] += 1
+            counts[a][1] += a == b
+    return {tag: (n, right) for tag, (n, right) in counts.items()}
 
 
 def _percent(numerator: np.ndarray, tokens: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -326,6 +347,43 @@ def write_comparisons(target: str | os.PathLike, rows: Iterable[Mapping], captio
     return _write_table(target, rows, comparisons_csv, comparisons_markdown, caption)
 
 
+# --- per-tag accuracy ------------------------------------------------------------------------------
+
+PER_TAG_COLUMNS = ["run", "mode", "split", "upos", "gold", "correct", "accuracy"]
+PER_TAG_MARKDOWN = (("run", "run", ""), ("mode", "mode", ""), ("split", "split", ""), ("upos", "UPOS", ""),
+                    ("gold", "gold words", "n"), ("correct", "correct", "n"),
+                    ("accuracy", "accuracy (%)", ".2f"))
+
+
+def tag_order(counts: Mapping[str, int]) -> list[str]:
+    """The tags of `counts` (tag -> gold words), most frequent first, ties in the UD UPOS list's order."""
+    rank = {tag: i for i, tag in enumerate(UPOS)}
+    unknown = sorted(set(counts) - set(rank))
+    if unknown:
+        raise EvaluationError(f"tags {unknown} are not UD UPOS tags ({' '.join(UPOS)})")
+    return sorted(counts, key=lambda tag: (-counts[tag], rank[tag]))
+
+
+def per_tag_rows(run: str, mode: str, split: str, counts: Mapping[str, tuple[int, int]],
+                 order: Sequence[str]) -> list[dict]:
+    """Rows of per_tag.csv for one run: one per tag of `order` (each a key of `counts`), in that order;
+    accuracy in percent, as the scores are."""
+    return [{"run": run, "mode": mode, "split": split, "upos": tag, "gold": counts[tag][0],
+             "correct": counts[tag][1], "accuracy": 100.0 * counts[tag][1] / counts[tag][0]} for tag in order]
+
+
+def write_per_tag(target: str | os.PathLike, rows: Sequence[Mapping], notes: Sequence[str]
+                  ) -> tuple[Path, Path]:
+    """per_tag.csv (rows in the order given) and per_tag.md beside it, `notes` (one paragraph each) under
+    the Markdown table."""
+    target = Path(target)
+    markdown = target.with_suffix(".md")
+    files.write_text(target, tables.csv_text(rows, PER_TAG_COLUMNS))
+    text = tables.markdown(rows, PER_TAG_MARKDOWN) + "".join(f"\n{note}\n" for note in notes)
+    files.write_text(markdown, text)
+    return target, markdown
+
+
 # --- plot ------------------------------------------------------------------------------------------
 
 def plot_dev_curves(curves: Mapping[str, Iterable[tuple[int, float]]], target: str | os.PathLike,
@@ -334,28 +392,74 @@ def plot_dev_curves(curves: Mapping[str, Iterable[tuple[int, float]]], target: s
     """PNG of development UPOS against training step, one line per run, written atomically.
 
     `curves` maps a run name to its (step, dev UPOS) points; `references` draws dashed horizontal lines
-    (e.g. the frozen encoder's development score). Agg on a bare Figure (no pyplot state) and no
-    "Software" metadata, so equal inputs give equal bytes with the pinned matplotlib.
+    (e.g. the frozen encoder's development score). Style and PNG writer: `plots` (equal bytes for equal
+    inputs).
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
     for name in sorted(curves):
-        points = sorted(curves[name])
-        if not points:
+        if not list(curves[name]):
             raise EvaluationError(f"run {name!r} has no development scores to plot")
-        steps, scores = zip(*points, strict=True)
-        ax.plot(steps, scores, marker="o", markersize=3, linewidth=1.2, label=name)
-    for name, value in sorted((references or {}).items()):
-        ax.axhline(value, linestyle="--", linewidth=1, color="0.4", label=f"{name} ({value:.2f})")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("development UPOS (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    with files.atomic_path(target) as tmp:
-        fig.savefig(tmp, format="png", metadata={"Software": None})
+    with plots.figure(target, 7, 4) as fig:
+        ax = fig.add_subplot()
+        for name in sorted(curves):
+            steps, scores = zip(*sorted(curves[name]), strict=True)
+            ax.plot(steps, scores, marker="o", markersize=3, linewidth=1.2, label=name)
+        for name, value in sorted((references or {}).items()):
+            ax.axhline(value, linestyle="--", linewidth=1, color="0.4", label=f"{name} ({value:.2f})")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("development UPOS (%)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+
+
+def split_order(splits: Iterable[str]) -> list[str]:
+    """The splits as the forest plots group them: test first, then every extra test set (by name), dev
+    last (the split that selected the runs' weights)."""
+    names = set(splits)
+    return [*(["test"] if "test" in names else []), *sorted(names - {"test", "dev"}),
+            *(["dev"] if "dev" in names else [])]
+
+
+def _interval_label(rows: Sequence[Mapping]) -> str:
+    """`95% percentile interval, 10000 resamples` from the rows' own columns (one value each)."""
+    seen = {(float(r["confidence"]), r["method"], int(r["resamples"])) for r in rows}
+    if len(seen) != 1:
+        return "bootstrap intervals of several settings (see the table)"
+    confidence, method, resamples = seen.pop()
+    return f"{100 * confidence:g}% {method} interval, {resamples:,} sentence resamples"
+
+
+def plot_scores(rows: Iterable[Mapping], target: str | os.PathLike) -> None:
+    """Forest plot of scores.csv: UPOS with its interval, one row per run (by name) under each split
+    (`split_order`), the baseline included."""
+    rows = _ordered(rows, SCORE_COLUMNS, SCORE_KEYS)
+    groups = [(f"split: {split}", [plots.Interval(r["run"], float(r["upos"]), float(r["ci_low"]),
+                                                  float(r["ci_high"])) for r in rows if r["split"] == split])
+              for split in split_order(r["split"] for r in rows)]
+    plots.forest(groups, target, f"UPOS accuracy (%)\nbars: {_interval_label(rows)}", "UPOS by run and split")
+
+
+def plot_comparisons(rows: Iterable[Mapping], target: str | os.PathLike) -> None:
+    """Forest plot of comparisons.csv: a - b in points with its paired interval, one row per pair (in
+    the table's order) under each split (`split_order`), a dashed line at 0."""
+    rows = _ordered(rows, COMPARISON_COLUMNS, COMPARISON_KEYS)
+    groups = [(f"split: {split}", [plots.Interval(f"{r['a']} - {r['b']}", float(r["diff"]),
+                                                  float(r["ci_low"]), float(r["ci_high"]))
+                                   for r in rows if r["split"] == split])
+              for split in split_order(r["split"] for r in rows)]
+    plots.forest(groups, target, f"UPOS difference a - b (points)\nbars: paired {_interval_label(rows)}",
+                 "Paired differences in UPOS", zero=True, value_format="+.2f")
+
+
+def plot_per_tag(rows: Sequence[Mapping], target: str | os.PathLike) -> None:
+    """Grouped bars of per_tag.csv: accuracy per gold tag (left to right in the rows' order, each with
+    its gold count), one bar per run (in the rows' order)."""
+    runs: dict[str, dict[str, float]] = {}
+    labels: dict[str, str] = {}
+    for r in rows:
+        runs.setdefault(f"{r['run']} ({r['mode']})", {})[r["upos"]] = float(r["accuracy"])
+        labels.setdefault(r["upos"], f"{r['upos']}\n{int(r['gold']):,}")
+    tags = list(labels)
+    plots.bars([labels[t] for t in tags],
+               {name: [plots.Bar(acc[t]) if t in acc else None for t in tags] for name, acc in runs.items()},
+               target, "accuracy (%)", "UPOS accuracy per gold tag (gold words under each tag)", log=False)

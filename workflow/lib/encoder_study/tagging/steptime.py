@@ -33,12 +33,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import manifest, reference, tables, trainable
+from .. import manifest, perf, reference, tables, trainable
 from ..data.conllu import UPOS
 from ..errors import UserError
 
 COLUMNS = ["model", "implementation", "forward_s", "backward_s", "clip_s", "optimizer_s", "total_s",
-           "parameters", "batch", "length", "steps", "threads", "max_abs", "device"]
+           "parameters", "batch", "length", "steps", "threads", "max_abs", "device", "total_s_min",
+           "total_s_max", "total_s_q1", "total_s_q3", "seconds", "gflop", "gflops", "gemm_gflops",
+           "fraction_of_gemm", "forward_fraction_of_gemm"]
+PARTS = ("forward_s", "backward_s", "clip_s", "optimizer_s")
 IMPLEMENTATIONS = ("encoder_study", "transformers")
 
 
@@ -74,7 +77,10 @@ class Stepper:
         # CUDA runs asynchronously: wait for the GPU before reading each clock.
         self.sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
         self.params = [p for p in [*encoder.parameters(), *head.parameters()] if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
+        # Ours step with the AdamW fine-tuning uses (fused); Hugging Face's model with torch's default.
+        ours = isinstance(encoder, trainable.Encoder)
+        self.optimizer = (trainable.adamw(self.params, lr, weight_decay) if ours
+                          else torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay))
 
     def step(self, ids, mask, gold) -> tuple[float, float, float, float]:
         """Seconds of (forward, backward, clip, optimizer)."""
@@ -101,23 +107,31 @@ class Stepper:
         return sum(p.numel() for p in self.params if p.grad is not None)
 
 
-def time_steps(steppers: list[Stepper], ids, mask, gold, warmup: int, steps: int) -> list[dict]:
-    """Median seconds of each part of a step, per stepper; the steppers take turns."""
-    times: list[list[tuple[float, ...]]] = [[] for _ in steppers]
-    for i in range(warmup + steps):
-        for k, stepper in enumerate(steppers):
-            parts = stepper.step(ids, mask, gold)
-            if i >= warmup:
-                times[k].append((*parts, sum(parts)))
-    names = ("forward_s", "backward_s", "clip_s", "optimizer_s", "total_s")
-    return [{**{name: statistics.median(t[j] for t in per) for j, name in enumerate(names)},
-             "parameters": stepper.parameters_trained()}
-            for per, stepper in zip(times, steppers, strict=True)]
+def time_steps(steppers: list[Stepper], ids, mask, gold, warmup: int, steps: int,
+               min_seconds: float) -> list[dict]:
+    """Each part's median seconds per stepper, over at least `steps` steps and `min_seconds` of steps
+    each after `warmup` untimed ones, the steppers taking turns; the total's spread beside it."""
+    parts: list[list[tuple[float, ...]]] = [[] for _ in steppers]
+
+    def call(k: int):
+        return lambda: parts[k].append(steppers[k].step(ids, mask, gold))
+
+    perf.measure({str(k): call(k) for k in range(len(steppers))}, min_seconds, min_repeats=steps,
+                 warmup=warmup)
+    rows = []
+    for per, stepper in zip(parts, steppers, strict=True):
+        per = per[warmup:]
+        total = perf.Spread.of([sum(p) for p in per])
+        rows.append({**{name: statistics.median(p[j] for p in per) for j, name in enumerate(PARTS)},
+                     "total_s": total.median, "total_s_min": total.min, "total_s_max": total.max,
+                     "total_s_q1": total.q1, "total_s_q3": total.q3, "steps": total.repeats,
+                     "seconds": total.seconds, "parameters": stepper.parameters_trained()})
+    return rows
 
 
 def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batch: int, length: int,
-              warmup: int, steps: int, lr: float, seed: int, weight_decay: float = 0.01,
-              clip: float = 1.0, device: str = "cpu") -> list[dict]:
+              warmup: int, steps: int, lr: float, seed: int, min_seconds: float,
+              weight_decay: float = 0.01, clip: float = 1.0, device: str = "cpu") -> list[dict]:
     """Rows (COLUMNS) for both implementations of one exported model; torch's thread count as set.
 
     `device`: "cpu" or "cuda" (resolved; `tagging.train.resolve_device` resolves "auto")."""
@@ -141,15 +155,33 @@ def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batc
     width = ours.tokens.weight.shape[1]
     steppers = [Stepper(encoder, _head(width, seed), lr, weight_decay, clip, device)
                 for encoder in (ours, theirs)]
-    timings = time_steps(steppers, ids, mask, gold, warmup, steps)
-    return [{"model": record.get("model", model_dir.name), "implementation": name, **timing, "batch": batch,
-             "length": length, "steps": steps, "threads": torch.get_num_threads(), "max_abs": max_abs,
-             "device": device}
-            for name, timing in zip(IMPLEMENTATIONS, timings, strict=True)]
+    # The limit: the CPU's matrix-multiply rate at torch's threads (on CUDA this is still the CPU's, so
+    # fraction_of_gemm is then left empty).
+    gemm = perf.gemm_rate(torch.get_num_threads(), min_seconds) if device == "cpu" else None
+    shape = perf.Shape.from_config(theirs.model.config.to_dict())
+    flops = perf.step_flops(shape, [length] * batch)
+    forward_flops = perf.encoder_flops(shape, [length] * batch)
+    timings = time_steps(steppers, ids, mask, gold, warmup, steps, min_seconds)
+    rows = []
+    for name, timing in zip(IMPLEMENTATIONS, timings, strict=True):
+        gflops = flops / timing["total_s"] / 1e9
+        rows.append({"model": record.get("model", model_dir.name), "implementation": name, **timing,
+                     "batch": batch, "length": length, "threads": torch.get_num_threads(), "max_abs": max_abs,
+                     "device": device, "gflop": flops / 1e9, "gflops": gflops, "gemm_gflops": gemm,
+                     "fraction_of_gemm": gflops / gemm if gemm else None,
+                     "forward_fraction_of_gemm":
+                         forward_flops / timing["forward_s"] / 1e9 / gemm if gemm else None})
+    return rows
 
 
 def markdown(rows: list[dict]) -> str:
+    def fraction(value) -> str:
+        return "" if value in (None, "") else f"{float(value):.2f}"
+
     return tables.markdown_table(
-        ["model", "implementation", "forward", "backward", "clip", "optimizer", "total", "parameters"],
+        ["model", "implementation", "forward", "backward", "clip", "optimizer", "total", "total min-max",
+         "steps", "parameters", "GFLOP/s", "of GEMM", "forward of GEMM"],
         [(r["model"], r["implementation"], *(f"{float(r[k]):.4f} s" for k in COLUMNS[2:7]),
-          f"{int(r['parameters']):,}") for r in rows], "llrrrrrr")
+          f"{float(r['total_s_min']):.4f}-{float(r['total_s_max']):.4f} s", int(r["steps"]),
+          f"{int(r['parameters']):,}", f"{float(r['gflops']):.3g}", fraction(r["fraction_of_gemm"]),
+          fraction(r["forward_fraction_of_gemm"])) for r in rows], "llrrrrrrrrrrr")

@@ -15,7 +15,8 @@ the caller, to be scored once.
 
 - `adamw` (the fine-tune; also possible for a frozen encoder): a step takes the next batch of
   sentences, computes the cross-entropy of the head's logits for all their words, clips the gradient
-  norm and takes an AdamW step (decoupled weight decay) at a rate that warms up linearly, then stays.
+  norm and takes an AdamW step (decoupled weight decay; PyTorch's fused kernel, `trainable.common.adamw`)
+  at a rate that warms up linearly, then stays.
 - `lbfgs` (frozen encoders only): the probe is multinomial logistic regression on cached vectors, a
   convex problem, so it is solved as one: a step is one L-BFGS iteration (strong-Wolfe line search,
   `LBFGS_HISTORY` correction pairs) on the whole train split at once, minimising the mean
@@ -88,7 +89,7 @@ from .. import files
 from ..data.conllu import UPOS, Sentence
 from ..errors import UserError
 from ..files import CheckpointError  # what resuming raises; callers import it from here too
-from ..trainable.common import determinism
+from ..trainable.common import adamw, determinism
 from .tagger import Tagger, word_batches
 
 CHECKPOINT_FORMAT = "encoder_study.tagging.train/2"
@@ -316,8 +317,7 @@ class _Run:
                                                max_eval=1 + LBFGS_LINE_SEARCH, history_size=LBFGS_HISTORY,
                                                line_search_fn="strong_wolfe")
         else:
-            self.optimizer = torch.optim.AdamW(self.params, lr=settings.lr,
-                                               weight_decay=settings.weight_decay)
+            self.optimizer = adamw(self.params, settings.lr, settings.weight_decay)  # what step time times
         self.features: torch.Tensor | None = None  # L-BFGS: the train words' vectors, on the device
         self.targets: torch.Tensor | None = None
         self.rng = np.random.default_rng(settings.seed)  # the data order, one permutation per epoch

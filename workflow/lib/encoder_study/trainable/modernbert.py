@@ -26,6 +26,7 @@ from .common import (
     float_setting,
     graph_head_dim,
     padding_keys,
+    score_bias,
 )
 from .graph import Graph, GraphError
 
@@ -83,11 +84,11 @@ class ModernBertLayer(nn.Module):
         self.mlp_in = nn.Linear(s.width, 2 * s.intermediate, bias=False)  # [GELU input; gate]
         self.mlp_out = nn.Linear(s.intermediate, s.width, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, allowed: torch.Tensor):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor):
         batch, seq, width = x.shape
         qkv = self.qkv(self.attn_norm(x)).view(batch, seq, 3, self.heads, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # each [batch, heads, seq, head_dim]
-        a = attention(rotate(q, cos, sin), rotate(k, cos, sin), v, allowed, self.scale)
+        a = attention(rotate(q, cos, sin), rotate(k, cos, sin), v, bias, self.scale)
         x = x + self.attn_out(a.transpose(1, 2).reshape(batch, seq, width))
         inputs, gate = self.mlp_in(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.mlp_out(F.gelu(inputs) * gate)
@@ -117,7 +118,7 @@ class ModernBertEncoder(Encoder):
         keys = padding_keys(attention_mask)
         index = torch.arange(seq, device=x.device)
         near = (index[:, None] - index[None, :]).abs() <= self.settings.window // 2
-        masks = {True: keys, False: keys & near}
+        masks = {True: score_bias(keys, x.dtype), False: score_bias(keys & near, x.dtype)}
         for layer in self.layers:
             cos, sin = tables[layer.is_global]
             x = layer(x, cos, sin, masks[layer.is_global])

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import Encoder, attention, choose_heads, copy_weights, graph_head_dim, padding_keys
+from .common import Encoder, attention, choose_heads, copy_weights, graph_head_dim, padding_keys, score_bias
 from .graph import ANONYMOUS, Graph, GraphError
 
 TOKENS = "embeddings.word_embeddings.weight"
@@ -61,13 +61,13 @@ class PostNormLayer(nn.Module):
         self.ff_out = nn.Linear(s.intermediate, s.width)
         self.ff_norm = nn.LayerNorm(s.width, eps=s.eps)
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         batch, seq, width = x.shape
 
-        def split(t):  # [batch, seq, width] -> [batch, heads, seq, head_dim]
+        def split(t):  # [batch, seq, width] -> [batch, heads, seq, head_dim], a view
             return t.view(batch, seq, self.heads, -1).transpose(1, 2)
 
-        a = attention(split(self.query(x)), split(self.key(x)), split(self.value(x)), allowed, self.scale)
+        a = attention(split(self.query(x)), split(self.key(x)), split(self.value(x)), bias, self.scale)
         x = self.attn_norm(x + self.attn_out(a.transpose(1, 2).reshape(batch, seq, width)))
         return self.ff_norm(x + self.ff_out(F.gelu(self.ff_in(x))))
 
@@ -104,9 +104,9 @@ class PostNormEncoder(Encoder):
 
     def encode(self, x: torch.Tensor, attention_mask: torch.Tensor,
                states: list[torch.Tensor] | None = None) -> torch.Tensor:
-        allowed = padding_keys(attention_mask)
+        bias = score_bias(padding_keys(attention_mask), x.dtype)
         for layer in self.layers:
-            x = layer(x, allowed)
+            x = layer(x, bias)
             if states is not None:
                 states.append(x)
         return x

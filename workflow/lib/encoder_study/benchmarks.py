@@ -1,0 +1,308 @@
+"""The encoders against the machine's limit and against their references (recipe `benchmarks`).
+
+One table, results/benchmarks/encoders.csv, one row per timed path, in five parts:
+
+    gemm      torch.mm of two float32 2048 x 2048 matrices: the machine's limit (perf.gemm_spread)
+    shape     one batch of `batch` x `seq_len` random pieces, no padding: ONNX Runtime on the exported
+              graph, our trainable modules' forward pass and Hugging Face's (eager attention), both
+              without autograd. fraction_of_gemm is the question "how close to the machine's matmul rate
+              does each path run"; ratio is against the ONNX Runtime row.
+    frozen    FrozenEncoder on `docs` synthetic sentences (fresh cache each time: tokenize, windows,
+              batches, run, pool) against a bare session.run loop over exactly the batches the encoder
+              sent (recorded once), on the same session; and the encoder's own work with the model's
+              outputs replayed. ratio - 1 is the encoder's overhead over the bare session.
+    step      one forward and backward pass (loss mean(hidden^2)) on `rows` x `length` pieces, token
+              table frozen, eval mode (no dropout): our modules against Hugging Face's. Peak memory:
+              in a fresh subprocess per implementation, after a warm-up step, gc and malloc_trim, the
+              kernel's high-water mark reset (/proc/self/clear_refs), the rise of VmHWM over VmRSS
+              during one step (median of 3; counts everything the step touches, gradients included).
+    words     TrainableEncoder forward and backward on the documents against its modules on the exact
+              batches it ran: the cost of tokenization, windows and the pooling gather.
+
+Every cell is the median of at least `min_seconds` of calls with its quartiles and range, the paths of a
+part taking turns (perf.measure). Work is counted by perf.encoder_flops on each sequence's own length
+(padding is not work; a step is 3 forwards). Inputs are seeded; the timings are the machine's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import manifest, perf, reference, tables, trainable
+from .frozen import FrozenEncoder
+from .runtime import OUTPUT, ort_session
+from .tokens import Doc, PieceTokenizer
+from .trainable.words import TrainableEncoder
+
+COLUMNS = ["part", "path", "threads", "batch", "seq_len", "median_s", "q1_s", "q3_s", "min_s", "max_s",
+           "repeats", "seconds", "gflop", "gflops", "gemm_gflops", "fraction_of_gemm", "ratio",
+           "peak_rss_rise_mb"]
+MARKDOWN = (("part", "part", ""), ("path", "path", ""), ("batch", "batch", ""), ("seq_len", "pieces", ""),
+            ("median_s", "median s", ".4g"), ("min_s", "min s", ".4g"), ("max_s", "max s", ".4g"),
+            ("repeats", "calls", "n"), ("gflops", "GFLOP/s", ".3g"), ("fraction_of_gemm", "of GEMM", ".2f"),
+            ("ratio", "ratio", ".3f"), ("peak_rss_rise_mb", "peak RSS rise MB", ".1f"))
+WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "
+         "have an they you were her she there been one all we their has would when if so no will can more "
+         "river bank water record time arrow fruit flies market price city council report school student "
+         "teacher morning evening garden window letter station journey question answer reason history "
+         "village mountain forest summer winter quickly slowly carefully quietly bright heavy ancient "
+         "modern simple difficult important beautiful strange ordinary remember believe consider explain "
+         "develop discover produce receive suggest understand unbelievably internationalization").split()
+
+
+def synthetic_docs(n: int, seed: int) -> list[Doc]:
+    """`n` English-like sentences of 10 to 30 words and a final period, the same for every run."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(10, 30) - 1)]
+        docs.append(Doc.from_words([words[0].capitalize(), *words[1:], "."]))
+    return docs
+
+
+def load_module(kind: str, model_dir: Path, source_dir: Path) -> torch.nn.Module:
+    """(input_ids, attention_mask) -> hidden states, token table frozen, eval mode."""
+    if kind == "encoder_study":
+        return trainable.load(model_dir).eval()  # the token table is frozen by default
+    return reference.HiddenStates(reference.load_pytorch(source_dir)).eval()
+
+
+def _frozen_table(module: torch.nn.Module) -> torch.nn.Module:
+    for name, p in module.named_parameters():
+        if "word_embeddings" in name or name.startswith("tokens"):
+            p.requires_grad_(False)
+    return module
+
+
+def _row(part: str, path: str, threads: int, batch, seq_len, spread: perf.Spread, flops: float | None,
+         gemm: float, reference_median: float) -> dict:
+    row = {"part": part, "path": path, "threads": threads, "batch": batch, "seq_len": seq_len,
+           "median_s": spread.median, "q1_s": spread.q1, "q3_s": spread.q3, "min_s": spread.min,
+           "max_s": spread.max, "repeats": spread.repeats, "seconds": spread.seconds, "gemm_gflops": gemm,
+           "ratio": spread.median / reference_median}
+    if flops:
+        row.update(gflop=flops / 1e9, **perf.rates(flops, spread.median, gemm))
+    return row
+
+
+def _part(part: str, calls: dict, threads: int, batch, seq_len, flops: dict, gemm: float,
+          min_seconds: float) -> list[dict]:
+    """Rows of one part: its paths timed in turn, each against the part's first path."""
+    spreads = {name: perf.Spread.of(t) for name, t in perf.measure(calls, min_seconds, warmup=2).items()}
+    first = next(iter(spreads.values())).median
+    return [_row(part, name, threads, batch, seq_len, s, flops.get(name), gemm, first)
+            for name, s in spreads.items()]
+
+
+def gemm_part(threads: int, min_seconds: float) -> tuple[float, list[dict]]:
+    spread = perf.gemm_spread(threads, min_seconds)
+    flops = 2.0 * perf.GEMM_SIZE ** 3
+    gemm = flops / spread.median / 1e9
+    return gemm, [_row("gemm", f"torch.mm float32 {perf.GEMM_SIZE} x {perf.GEMM_SIZE}", threads,
+                       perf.GEMM_SIZE, perf.GEMM_SIZE, spread, flops, gemm, spread.median)]
+
+
+def shape_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: int, batch: int, seq_len: int,
+               gemm: float, min_seconds: float, seed: int) -> list[dict]:
+    session = ort_session(model_dir / manifest.ONNX_FILE, threads)
+    tokenizer = PieceTokenizer(model_dir / manifest.TOKENIZER_FILE)
+    rng = np.random.default_rng(seed)
+    vocab = int(json.loads((model_dir / manifest.CONFIG_FILE).read_text(encoding="utf-8"))["vocab_size"])
+    ids = rng.integers(tokenizer.n_specials + 100, vocab, size=(batch, seq_len), dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    tensors = torch.from_numpy(ids), torch.ones(batch, seq_len, dtype=torch.int64)
+    ours, theirs = (load_module(kind, model_dir, source_dir) for kind in ("encoder_study", "transformers"))
+
+    def forward(module):
+        def call():
+            with torch.no_grad():
+                module(*tensors)
+        return call
+
+    calls = {"onnxruntime (exported graph)": lambda: session.run([OUTPUT], feeds),
+             "encoder_study modules, forward": forward(ours),
+             "transformers (eager), forward": forward(theirs)}
+    flops = perf.encoder_flops(shape, [seq_len] * batch)
+    return _part("shape", calls, threads, batch, seq_len, dict.fromkeys(calls, flops), gemm, min_seconds)
+
+
+class _Recorder:
+    """Stands in for FrozenEncoder's session and keeps the feeds of every batch."""
+
+    def __init__(self, session):
+        self.session, self.feeds = session, []
+
+    def run(self, names, feeds):
+        self.feeds.append({k: v.copy() for k, v in feeds.items()})
+        return self.session.run(names, feeds)
+
+
+class _Replay:
+    """Stands in for FrozenEncoder's session and answers each batch with the next recorded output."""
+
+    def __init__(self, outputs):
+        self.outputs, self.calls = outputs, 0
+
+    def run(self, names, feeds):
+        out = self.outputs[self.calls % len(self.outputs)]
+        self.calls += 1
+        return out
+
+
+def frozen_part(model_dir: Path, shape: perf.Shape, docs: list[Doc], threads: int, gemm: float,
+                min_seconds: float) -> list[dict]:
+    encoder = FrozenEncoder(model_dir, threads=threads)
+    session = encoder.session
+    encoder.session = _Recorder(session)
+    encoder(docs)
+    feeds, encoder.session = encoder.session.feeds, session
+    replay = _Replay([session.run([OUTPUT], feed) for feed in feeds])
+
+    def frozen():
+        encoder.clear_cache()
+        encoder(docs)
+
+    def bare():
+        for feed in feeds:
+            session.run([OUTPUT], feed)
+
+    def own():  # the encoder with the model's outputs replayed: its own work alone
+        encoder.clear_cache()
+        encoder.session = replay
+        try:
+            encoder(docs)
+        finally:
+            encoder.session = session
+
+    lengths = [int(n) for feed in feeds for n in feed["attention_mask"].sum(axis=1)]
+    flops = perf.encoder_flops(shape, lengths)
+    rows = _part("frozen", {"bare session.run, same batches": bare, "FrozenEncoder": frozen,
+                            "FrozenEncoder own work (outputs replayed)": own},
+                 threads, len(docs), sum(lengths), {"bare session.run, same batches": flops,
+                                                    "FrozenEncoder": flops}, gemm, min_seconds)
+    return rows
+
+
+def step_batch(model_dir: Path, docs: list[Doc], rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows` full sequences of `length` ids: the documents' pieces in order, specials around each row."""
+    tokenizer = PieceTokenizer(model_dir / manifest.TOKENIZER_FILE)
+    ids = np.concatenate([tokenizer.encode(doc.text)[0] for doc in docs])
+    inner = length - tokenizer.n_specials
+    if len(ids) < rows * inner:
+        ids = np.tile(ids, rows * inner // len(ids) + 1)
+    batch = np.stack([tokenizer.wrap(ids[i * inner:(i + 1) * inner]) for i in range(rows)])
+    return torch.from_numpy(batch), torch.ones(rows, length, dtype=torch.long)
+
+
+def _forward_backward(module, ids, mask) -> None:
+    for p in module.parameters():
+        p.grad = None
+    module(ids, mask).pow(2).mean().backward()
+
+
+def _status_kb(key: str) -> int:
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.MULTILINE).group(1))
+
+
+def memory_child(kind: str, model_dir: str, source_dir: str, threads: int, rows: int, length: int,
+                 docs: int, seed: int) -> float:
+    """In this (fresh) process: the median peak RSS rise (MiB) of one step, after a warm-up step."""
+    torch.set_num_threads(threads)
+    module = _frozen_table(load_module(kind, Path(model_dir), Path(source_dir)))
+    ids, mask = step_batch(Path(model_dir), synthetic_docs(docs, seed), rows, length)
+    libc = ctypes.CDLL("libc.so.6")
+    _forward_backward(module, ids, mask)  # one-time initialisation is not a step's memory
+    rises = []
+    for _ in range(3):
+        for p in module.parameters():
+            p.grad = None
+        gc.collect()
+        libc.malloc_trim(0)  # hand freed heap memory back, so that VmRSS is what is live
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        before = _status_kb("VmRSS")
+        _forward_backward(module, ids, mask)
+        rises.append(_status_kb("VmHWM") - before)
+    return statistics.median(rises) / 1024
+
+
+def _peak_in_fresh_process(*args) -> float | None:
+    """memory_child in a fresh interpreter, so that nothing loaded before counts; None off Linux."""
+    if not Path("/proc/self/clear_refs").exists():
+        return None
+    code = ("import json, sys; from encoder_study.benchmarks import memory_child; "
+            "print(json.dumps(memory_child(*json.loads(sys.argv[1]))))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps([str(a) if isinstance(a, Path) else a
+                                                                    for a in args])],
+                          check=True, capture_output=True, text=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def step_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: int, rows: int, length: int,
+              docs: int, seed: int, gemm: float, min_seconds: float) -> list[dict]:
+    ids, mask = step_batch(model_dir, synthetic_docs(docs, seed), rows, length)
+    modules = {kind: _frozen_table(load_module(kind, model_dir, source_dir))
+               for kind in ("encoder_study", "transformers")}
+    calls = {f"{kind}, forward + backward": (lambda m=m: _forward_backward(m, ids, mask))
+             for kind, m in modules.items()}
+    flops = perf.step_flops(shape, [length] * rows)
+    out = _part("step", calls, threads, rows, length, dict.fromkeys(calls, flops), gemm, min_seconds)
+    for row, kind in zip(out, modules, strict=True):
+        row["peak_rss_rise_mb"] = _peak_in_fresh_process(kind, model_dir, source_dir, threads, rows, length,
+                                                         docs, seed)
+    return out
+
+
+def words_part(model_dir: Path, docs: list[Doc], threads: int, gemm: float, min_seconds: float) -> list[dict]:
+    encoder = TrainableEncoder(model_dir, threads=threads)
+    batches = []
+    handle = encoder.encoder.register_forward_pre_hook(lambda m, args: batches.append(args))
+    encoder(docs)
+    handle.remove()
+    module = encoder.encoder
+
+    def words():
+        for p in module.parameters():
+            p.grad = None
+        torch.cat(encoder(docs)).pow(2).mean().backward()
+
+    def modules():
+        for p in module.parameters():
+            p.grad = None
+        sum(module(ids, mask).pow(2).mean() for ids, mask in batches).backward()
+
+    return _part("words", {"modules on the recorded batches": modules, "TrainableEncoder": words},
+                 threads, len(docs), sum(int(m.sum()) for _, m in batches), {}, gemm, min_seconds)
+
+
+def encoders(model_dir: str | os.PathLike, source_json: str | os.PathLike, threads: int, batch: int,
+             seq_len: int, rows: int, length: int, docs: int, seed: int, min_seconds: float) -> list[dict]:
+    """Every row of the table (COLUMNS), the GEMM probe first."""
+    model_dir = Path(model_dir)
+    manifest.verified_model(model_dir)
+    source_dir, _ = reference.source_dir(source_json)
+    torch.manual_seed(seed)
+    shape = perf.Shape.from_config(json.loads((model_dir / manifest.CONFIG_FILE).read_text(encoding="utf-8")))
+    sentences = synthetic_docs(docs, seed)
+    gemm, out = gemm_part(threads, min_seconds)
+    out += shape_part(model_dir, source_dir, shape, threads, batch, seq_len, gemm, min_seconds, seed)
+    out += frozen_part(model_dir, shape, sentences, threads, gemm, min_seconds)
+    out += step_part(model_dir, source_dir, shape, threads, rows, length, docs, seed, gemm, min_seconds)
+    out += words_part(model_dir, sentences, threads, gemm, min_seconds)
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    return tables.markdown([{column: row.get(column) for column in COLUMNS} for row in rows], MARKDOWN)

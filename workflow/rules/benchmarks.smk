@@ -1,0 +1,48 @@
+# Recipe `benchmarks` (not part of `all`): one exported model's paths timed against the machine's
+# matrix-multiply rate and against their references. Command: `encoder-study benchmarks encoders`
+# (encoder_study.commands.benchmarks). Library: encoder_study.benchmarks, encoder_study.perf.
+
+BENCHMARKS = config["benchmarks"]
+
+
+rule benchmarks_encoders:
+    input:
+        model=model_files(BENCHMARKS["model"]),
+        code=lib_code("benchmarks", "encoders"),
+    output:
+        table="results/benchmarks/encoders.csv",
+        markdown="results/benchmarks/encoders.md",
+        prov=prov("benchmarks", "benchmarks_encoders"),
+    params:
+        model_dir=lambda wc, input: Path(input.model[0]).parent,
+        source=lambda wc, input: input.model[-1],
+        threads=BENCHMARKS["threads"],
+        batch=BENCHMARKS["batch"],
+        seq_len=BENCHMARKS["seq_len"],
+        rows=BENCHMARKS["rows"],
+        length=BENCHMARKS["length"],
+        docs=BENCHMARKS["docs"],
+        seed=BENCHMARKS["seed"],
+        min_seconds=config["timing"]["min_seconds"],
+    # Timed: takes every slot the workflow has, so that no other job runs beside it.
+    threads: CORES
+    log:
+        "logs/benchmarks/benchmarks_encoders.log",
+    resources: **resources_of("benchmarks_encoders")
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study benchmarks encoders --model-dir {params.model_dir:q} --source {params.source:q}"
+        " --threads {params.threads} --batch {params.batch} --seq-len {params.seq_len} --rows {params.rows}"
+        " --length {params.length} --docs {params.docs} --seed {params.seed}"
+        " --min-seconds {params.min_seconds} --out {output.table:q} --provenance {output.prov:q}"
+        " > {log:q} 2>&1"
+
+
+register("benchmarks", [rules.benchmarks_encoders.output.prov])
+
+
+rule benchmarks:
+    input:
+        rules.benchmarks_encoders.output.table,
+        recipe_target("benchmarks"),
