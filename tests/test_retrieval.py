@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 import torch
 
@@ -74,6 +75,45 @@ def test_graph_contract(built):
     (scatter,) = [n for n in model.graph.node if n.op_type == "ScatterElements"]
     assert {a.name: a.s for a in scatter.attribute}["reduction"] == b"max"
     assert not [n for n in model.graph.node if n.op_type == "If"]  # the stock symbolic's rank-0 branches
+
+
+def test_graph_attends_one_head_at_a_time(built):
+    """Each softmax holds one head's scores ([batch, 1, sequence, sequence]): an 8,192-piece input then
+    needs 1/16 of the memory BGE-M3's 16 heads would need at once."""
+    model = onnx.load(str(built["model"] / retrieval.ONNX_FILE))
+    config = json.loads((built["model"] / retrieval.CONFIG_FILE).read_text())
+    softmaxes = [n for n in model.graph.node if n.op_type == "Softmax"]
+    assert len(softmaxes) == config["num_hidden_layers"] * config["num_attention_heads"] == 4
+    # Their inputs' shapes, by running the graph with them as outputs.
+    model.graph.output.extend(onnx.helper.make_tensor_value_info(n.input[0], onnx.TensorProto.FLOAT, None)
+                              for n in softmaxes)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids, mask = runtime.pad_batch([[0, 5, 6, 7, 2], [0, 8, 2]], 1)
+    scores = session.run([n.input[0] for n in softmaxes], {"input_ids": ids, "attention_mask": mask})
+    assert [s.shape for s in scores] == [(2, 1, 5, 5)] * 4
+
+
+def test_per_head_attention_is_eager_attention_and_the_reference_is_sdpa(parts):
+    encoder = parts["encoder"]
+    batch = _case(parts, "batch")
+    ids, mask = torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask)
+    with torch.no_grad():
+        eager = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        with retrieval.attention(encoder, retrieval.PER_HEAD_ATTENTION):
+            per_head = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        calls = []
+        with pytest.MonkeyPatch.context() as patch:  # the reference's encoder runs PyTorch's fused kernel
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            patch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                          lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+            want = retrieval.reference(encoder, parts["heads"], parts["ignored"], batch.input_ids,
+                                       batch.attention_mask)
+    assert encoder.config._attn_implementation == "eager"  # each block restores the model's own
+    assert len(calls) == encoder.config.num_hidden_layers
+    torch.testing.assert_close(per_head, eager, rtol=0, atol=1e-6)
+    assert not torch.equal(per_head, torch.zeros_like(per_head))
+    dense = eager[:, 0].double() / eager[:, 0].double().norm(dim=-1, keepdim=True)
+    np.testing.assert_allclose(want["dense"], dense.numpy(), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("output", retrieval.OUTPUTS)
@@ -150,6 +190,24 @@ def test_parity_table_and_provenance(built):
     assert "| batch | colbert |" in (built["base"] / "parity.md").read_text()
     fragment = (built["base"] / "provenance/retrieval/retrieval_export.md").read_text()
     assert "keeps the first position" in fragment and "| long | sparse |" in fragment
+    size = sum(p.stat().st_size for p in built["model"].iterdir()
+               if p.name in (retrieval.ONNX_FILE, retrieval.DATA_FILE))
+    assert f"x the graph's {size:,} bytes" in fragment and "peak memory of the export:" in fragment
+    assert "| check the graph in ONNX Runtime, case by case |" in fragment
+
+
+def test_memory_of_each_phase(built, tmp_path):
+    record, rows, memory = retrieval.export_graph(built["source"], built["heads"], tmp_path / "m", SETTINGS)
+    assert [p["phase"] for p in memory.phases] == [
+        "load the PyTorch model; the reference of every case", "export to ONNX (TorchScript tracer)",
+        "optimise, check and save the graph", "check the graph in ONNX Runtime, case by case"]
+    assert memory.reset  # Linux: each phase's peak is its own
+    assert all(p["peak_mib"] >= p["resident_before_mib"] > 0 for p in memory.phases)
+    assert memory.model_bytes == (tmp_path / "m" / retrieval.ONNX_FILE).stat().st_size
+    assert memory.peak["peak_mib"] == max(p["peak_mib"] for p in memory.phases)
+    ratio = memory.peak["peak_mib"] * 2**20 / memory.model_bytes
+    assert f"{ratio:.2f} x the graph's {memory.model_bytes:,} bytes" in memory.note()
+    assert "peak (MiB)" in memory.markdown() and "memory" not in record  # the manifest stays reproducible
 
 
 def test_manifest_lists_every_published_file(built):
@@ -184,7 +242,7 @@ def test_verify_names_each_changed_and_missing_file(built, tmp_path, capsys):
 def test_external_data_graph_is_published_whole(built, tmp_path):
     out = tmp_path / "external"
     settings = dataclasses.replace(SETTINGS, external_data="always")
-    record, rows = retrieval.export_graph(built["source"], built["heads"], out, settings)
+    record, rows, memory = retrieval.export_graph(built["source"], built["heads"], out, settings)
     assert {e["path"] for e in record["files"]} >= {retrieval.ONNX_FILE, retrieval.DATA_FILE}
     assert (out / retrieval.ONNX_FILE).stat().st_size < (out / retrieval.DATA_FILE).stat().st_size
     assert all(r["allclose"] for r in rows) and retrieval.verify(out, retrieval.MANIFEST) == []

@@ -207,7 +207,7 @@ def test_the_real_data_config_resolves_with_local_copies(tmp_path):
 def small_workflow(tmp_path_factory) -> Path:
     """A copy of the workflow whose config names one tiny model, run once to completion."""
     copy = tmp_path_factory.mktemp("workflow")
-    for part in ("Snakefile", "config", "workflow", "profiles", "envs"):
+    for part in ("Snakefile", "config", "workflow", "profiles", "envs", "CITATION.cff", "LICENSE"):
         source = ROOT / part
         if source.is_dir():
             shutil.copytree(source, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
@@ -250,6 +250,12 @@ def test_all_exports_with_manifest_and_provenance(small_workflow):
     assert (small_workflow / "results/tagging/step_time.csv").is_file()
 
 
+def test_all_ends_with_a_run_crate_that_passes_the_provenance_run_crate_profile(small_workflow, tmp_path):
+    from crate_validation import fill_cache, required_issues
+
+    assert required_issues(small_workflow, fill_cache(tmp_path / "contexts")) == []
+
+
 def test_all_distils_the_student_and_writes_its_fine_tuned_graph_back(small_workflow):
     training = (small_workflow / "results/student/training.csv").read_text().splitlines()
     assert training[0].startswith("step,loss,") and len(training) == 3  # steps 2 and 4, in two chunks
@@ -289,8 +295,9 @@ def test_report_holds_every_table_and_plot_with_a_caption(small_workflow):
     assert {"results/tagging/scores.csv", "results/report/tagging/scores.html",
             "results/student/training.png", "results/parity/inference.png",
             "results/tagging/dev_upos.png", "results/tagging/scores.png", "results/tagging/comparisons.png",
-            "results/tagging/per_tag.png", "results/tagging/per_tag.csv", "results/report/tagging/per_tag.html",
-            "results/parity/latency.png", "results/writeback/speed.png"} <= expected
+            "results/tagging/per_tag.png", "results/tagging/per_tag.csv",
+            "results/report/tagging/per_tag.html", "results/parity/latency.png",
+            "results/writeback/speed.png"} <= expected
     assert expected == set(results), expected ^ set(results)
     for path, entry in results.items():
         assert f"report/{entry['data_uri']}" in names, path

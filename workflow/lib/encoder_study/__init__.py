@@ -1,3 +1,3 @@
 """The encoder study's library: everything the workflow's rules call, unit-tested on tiny fixtures."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -124,6 +124,11 @@ def check_record(path: str | os.PathLike, record: dict) -> None:
         value = record.get(field)
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise _fail(path, field, "is missing" if value is None else "is not a mapping of strings")
+    code = record.get("code")
+    if not isinstance(code, dict) or not {"commit", "dirty", "changed_files"} <= set(code):
+        raise _fail(path, "code", "is missing" if code is None else "lacks commit, dirty or changed_files")
+    if "threads" not in record or not (record["threads"] is None or isinstance(record["threads"], int)):
+        raise _fail(path, "threads", "is missing" if "threads" not in record else "is not a count or null")
     if not isinstance(record.get("seconds"), (int, float)):
         raise _fail(path, "seconds", "is missing" if "seconds" not in record else "is not a number")
     entries = record.get("files")

@@ -7,13 +7,28 @@ function, only the imports that function reaches count (the module's top-level i
 body, and the module-level functions and classes it names, transitively), so that `tagging train`
 does not depend on what `tagging step-time` imports. Standard library only: the Snakefile imports
 this at parse time.
+
+Parsing the package is most of the walk's time (about 0.4 s of every `snakemake` command), so with
+`cache` (the Snakefile gives .snakemake/encoder-study/deps.json) each file's imports and names are
+kept under the SHA-256 of its bytes: a file whose bytes changed is parsed again, whatever its size
+or time stamps; the cache is disposable, and one that cannot be read or written is ignored.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
+import hashlib
+import json
+import os
+import sys
+import tempfile
 from pathlib import Path
+
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+# What a summary holds; a cache written by another format or Python (its parser) is not read.
+CACHE_FORMAT = {"format": 1, "python": f"{sys.version_info[0]}.{sys.version_info[1]}"}
 
 # The package's import and the dispatcher run for every command.
 ALWAYS = ("encoder_study", "encoder_study.cli")
@@ -32,66 +47,141 @@ def _is_package(root: Path, module: str) -> bool:
     return (root.joinpath(*module.split(".")) / "__init__.py").is_file()
 
 
-def _imported(root: Path, module: str, nodes: list[ast.AST]) -> set[str]:
-    """Dotted names of the package's modules imported anywhere inside `nodes`."""
+def _raw_imports(nodes: list[ast.AST]) -> list[list]:
+    """Every import statement anywhere inside `nodes`, as written: [level, module, names or None]."""
+    found: list[list] = []
+    for node in (n for top in nodes for n in ast.walk(top)):
+        if isinstance(node, ast.Import):
+            found.extend([0, a.name, None] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.append([node.level, node.module or "", [a.name for a in node.names]])
+    return found
+
+
+def _summary(tree: ast.Module) -> dict:
+    """What the walk needs of a file: its imports (all; outside definitions; per top-level definition)
+    and, per definition, the other top-level definitions it names."""
+    defined = {n.name: n for n in tree.body if isinstance(n, DEFINITIONS)}
+    return {"all": _raw_imports([tree]),
+            "top": _raw_imports([n for n in tree.body if not isinstance(n, DEFINITIONS)]),
+            "defs": {name: {"imports": _raw_imports([node]),
+                            "names": sorted({n.id for n in ast.walk(node)
+                                             if isinstance(n, ast.Name) and n.id in defined})}
+                     for name, node in defined.items()}}
+
+
+def _imported(root: Path, module: str, raw: list[list]) -> set[str]:
+    """Dotted names of the package's modules that the imports `raw` (of `module`) bring."""
     package = module.split(".")[0]
     here = module if _is_package(root, module) else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in (n for top in nodes for n in ast.walk(top)):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.split(".")[0] == package)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = here.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1])
-                target = f"{base}.{node.module}" if node.module else base
-            else:
-                target = node.module or ""
-            if target.split(".")[0] != package:
-                continue
-            found.add(target)
-            # `from x import y` imports module x.y when y is a module rather than a name in x.
-            found.update(f"{target}.{a.name}" for a in node.names if _file(root, f"{target}.{a.name}"))
+    for level, name, names in raw:
+        if names is None:  # import a.b
+            if name.split(".")[0] == package:
+                found.add(name)
+            continue
+        if level:
+            parts = here.split(".")
+            base = ".".join(parts[: len(parts) - level + 1])
+            target = f"{base}.{name}" if name else base
+        else:
+            target = name
+        if target.split(".")[0] != package:
+            continue
+        found.add(target)
+        # `from x import y` imports module x.y when y is a module rather than a name in x.
+        found.update(f"{target}.{a}" for a in names if _file(root, f"{target}.{a}"))
     return {name for name in found if _file(root, name)}
 
 
-def _reached(tree: ast.Module, function: str) -> list[ast.AST]:
-    """The top-level statements that are not definitions, plus `function` and what it names."""
-    defined = {n.name: n for n in tree.body
-               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+def _reached(summary: dict, function: str) -> list[list]:
+    """The imports of the top-level statements that are not definitions, plus those of `function` and
+    of the definitions it names, transitively."""
+    defined = summary["defs"]
     if function not in defined:
         raise KeyError(f"no function {function!r} at the top level")
-    nodes: list[ast.AST] = [n for n in tree.body if n.__class__ not in
-                            (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)]
+    raw = list(summary["top"])
     todo, seen = [function], set()
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
-        nodes.append(defined[name])
-        todo.extend(n.id for n in ast.walk(defined[name]) if isinstance(n, ast.Name) and n.id in defined)
-    return nodes
+        raw.extend(defined[name]["imports"])
+        todo.extend(defined[name]["names"])
+    return raw
+
+
+class _Cache:
+    """File summaries by the SHA-256 of the file's bytes, read once per process from `path`."""
+
+    def __init__(self, path: Path | None):
+        self.path, self.entries, self.used, self.dirty = path, {}, set(), False
+        if path is None:
+            return
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if {k: data.get(k) for k in CACHE_FORMAT} == CACHE_FORMAT and isinstance(data["files"], dict):
+                self.entries = data["files"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # no cache yet, or a damaged one: parse, and write a new one
+
+    def summary(self, path: Path) -> dict:
+        data = path.read_bytes()
+        if self.path is None:
+            return _summary(ast.parse(data))
+        digest = hashlib.sha256(data).hexdigest()
+        self.used.add(digest)
+        if digest not in self.entries:
+            self.entries[digest] = _summary(ast.parse(data))
+            self.dirty = True
+        return self.entries[digest]
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        self.dirty = False
+        if len(self.entries) > 2 * len(self.used) + 64:  # old versions of edited files: drop them
+            self.entries = {d: s for d, s in self.entries.items() if d in self.used}
+        tmp = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump({**CACHE_FORMAT, "files": self.entries}, out, sort_keys=True)
+            os.replace(tmp, self.path)  # whole or not at all, also with concurrent Snakemake processes
+        except OSError:  # a read-only tree: the next run parses again
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
 
 
 @functools.cache
-def _tree(path: Path) -> ast.Module:
-    """A file's syntax tree, parsed once per process (a Snakefile asks for it once per rule)."""
-    return ast.parse(path.read_text(encoding="utf-8"))
+def _cache(path: Path | None) -> _Cache:
+    return _Cache(path)
 
 
 @functools.cache
-def _module_imports(root: Path, module: str) -> frozenset[str]:
-    return frozenset(_imported(root, module, [_tree(_file(root, module))]))
+def _file_summary(path: Path, cache: Path | None) -> dict:
+    """A file's summary, made once per process (a Snakefile asks for it once per rule)."""
+    return _cache(cache).summary(path)
 
 
-def code_files(root: str | Path, module: str, function: str | None = None) -> list[str]:
+@functools.cache
+def _module_imports(root: Path, module: str, cache: Path | None) -> frozenset[str]:
+    return frozenset(_imported(root, module, _file_summary(_file(root, module), cache)["all"]))
+
+
+def code_files(root: str | Path, module: str, function: str | None = None,
+               cache: str | Path | None = None) -> list[str]:
     """Every package file that running `module` (or only its `function`) executes, sorted.
 
     `root` is the folder that holds the package (workflow/lib); `module` is dotted
-    (`encoder_study.commands.tagging`).
+    (`encoder_study.commands.tagging`); `cache`, a JSON file of the files' summaries by content
+    (see the module docstring), or None to parse every file.
     """
     root = Path(root)
+    cache = None if cache is None else Path(cache).absolute()
     seen: set[str] = set()
     todo = [module, *ALWAYS]
     while todo:
@@ -102,7 +192,8 @@ def code_files(root: str | Path, module: str, function: str | None = None) -> li
         parts = name.split(".")
         todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # parents' __init__ run first
         if name == module and function:
-            todo.extend(_imported(root, name, _reached(_tree(_file(root, name)), function)))
+            todo.extend(_imported(root, name, _reached(_file_summary(_file(root, name), cache), function)))
         else:
-            todo.extend(_module_imports(root, name))
+            todo.extend(_module_imports(root, name, cache))
+    _cache(cache).save()
     return sorted(str(_file(root, name)) for name in seen)

@@ -39,3 +39,48 @@ def load_average() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "unavailable"
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith(field + ":"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def resident_kib() -> int:
+    """This process's resident set now (VmRSS, KiB); 0 where /proc is not there."""
+    return _status_kib("VmRSS") or 0
+
+
+def peak_resident_kib() -> int:
+    """This process's peak resident set (VmHWM, KiB) since it started or since `reset_peak`;
+    ru_maxrss (not resettable) where /proc is not there. Counts what PyTorch and ONNX Runtime
+    allocate, which tracemalloc does not see."""
+    peak = _status_kib("VmHWM")
+    if peak is None:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return peak
+
+
+def reset_peak() -> bool:
+    """Reset the peak resident set to the current one (Linux: `5` to /proc/self/clear_refs), so that
+    `peak_resident_kib` afterwards is the peak of what follows; False where it cannot be reset.
+
+    Freed heap is first given back to the system (glibc's malloc_trim): otherwise pages freed before
+    stay resident, what follows reuses them, and its cost would not show in the peak."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: the peak may understate what follows
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False

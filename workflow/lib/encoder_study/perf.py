@@ -24,8 +24,8 @@ pass (the backward pass computes each product's input and weight gradients: twic
 
 The measure. `measure(calls, min_seconds)` runs the given callables in turn, one call each a round
 (so that a change in a shared machine's load falls on all alike), until each has run at least
-`min_seconds` in total and `min_repeats` times, and gives each one's per-call seconds; `Spread`
-summarises them (median, quartiles, min, max).
+`min_seconds` in total and `min_repeats` times (one that has sits out the later rounds), and gives
+each one's per-call seconds; `Spread` summarises them (median, quartiles, min, max).
 """
 
 from __future__ import annotations
@@ -100,8 +100,9 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
             call()
     times: dict[str, list[float]] = {name: [] for name in calls}
     totals = dict.fromkeys(calls, 0.0)
-    while any(totals[n] < min_seconds or len(times[n]) < min_repeats for n in calls):
-        for name, call in calls.items():
+    while pending := [n for n in calls if totals[n] < min_seconds or len(times[n]) < min_repeats]:
+        for name in pending:  # a path that has its share sits out, so fast paths don't stretch slow ones
+            call = calls[name]
             start = time.perf_counter()
             call()
             elapsed = time.perf_counter() - start

@@ -373,14 +373,83 @@ def records_under(root: str | os.PathLike) -> list[tuple[Path, dict]]:
     return found
 
 
-def verify(root: str | os.PathLike, base: str | os.PathLike, env: bool = False) -> list[str]:
+# `verify --fast`'s hashes, under the folder the recorded paths are relative to (see HashCache).
+FAST_CACHE = ".snakemake/encoder-study/verify-hashes.json"
+RACY_NS = 2_000_000_000  # a file changed this close to its hashing may change again unseen: not cached
+
+
+class HashCache:
+    """SHA-256 of files by their identity and state: (size, mtime_ns, ctime_ns, inode, device).
+
+    What `verify --fast` trusts instead of reading a file again. A change keeps none of these only if
+    it rewrites the file in place with the same size and then sets its mtime back; the kernel then
+    still moves ctime, which no user call can set. Not kept: a file changed less than RACY_NS before
+    it was hashed (a file system with coarse time stamps could change it again within the same
+    tick), or changed while it was hashed. The cache file is disposable; an unreadable one is ignored.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path, self.hits, self.hashed, self.changed = Path(path), 0, 0, False
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            ok = data.get("format") == 1 and isinstance(data["files"], dict)
+            self.entries = data["files"] if ok else {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            self.entries = {}
+
+    @staticmethod
+    def _state(stat: os.stat_result) -> list[int]:
+        return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev]
+
+    def sha256(self, path: Path) -> str:
+        key = os.path.realpath(path)
+        before = path.stat()
+        entry = self.entries.get(key)
+        if isinstance(entry, list) and entry[:-1] == self._state(before):
+            self.hits += 1
+            return entry[-1]
+        started = time.time_ns()
+        digest = files.sha256_file(path)
+        self.hashed += 1
+        after = path.stat()
+        if (self._state(after) == self._state(before)
+                and max(after.st_mtime_ns, after.st_ctime_ns) < started - RACY_NS):
+            self.entries[key] = [*self._state(after), digest]
+            self.changed = True
+        elif self.entries.pop(key, None) is not None:
+            self.changed = True
+        return digest
+
+    def save(self) -> None:
+        """Write the cache (atomically); a folder that cannot be written leaves it as it was."""
+        if not self.changed:
+            return
+        try:
+            files.write_text(self.path, json.dumps({"format": 1, "files": self.entries}, sort_keys=True))
+        except OSError:
+            pass
+
+
+def verify(root: str | os.PathLike, base: str | os.PathLike, env: bool = False,
+           cache: HashCache | None = None) -> list[str]:
     """Re-hash every file the JSON twins name; return one line per difference (empty: all match).
 
     Also a difference: a Markdown fragment without its twin, a twin without its Markdown, and a
     Markdown that is not the one its twin was written with. With `env`, also each library version and
-    Python version that differs from the installed one (`environment_differences`).
+    Python version that differs from the installed one (`environment_differences`). A file named by
+    several fragments is read once. With `cache` (`verify --fast`), a file whose size, times and inode
+    are those it was hashed with is not read again (HashCache says what that trusts); the caller saves it.
     """
     problems: list[str] = []
+    hashed: dict[tuple[int, int], str] = {}  # (device, inode) -> SHA-256: each file read once
+
+    def sha256(target: Path) -> str:
+        stat = target.stat()
+        key = (stat.st_dev, stat.st_ino)
+        if key not in hashed:
+            hashed[key] = cache.sha256(target) if cache is not None else files.sha256_file(target)
+        return hashed[key]
+
     markdown = fragments_under(root)
     try:
         records = records_under(root)
@@ -407,7 +476,7 @@ def verify(root: str | os.PathLike, base: str | os.PathLike, env: bool = False) 
             if not target.is_file():
                 problems.append(f"{path}: {name} is missing")
                 continue
-            actual = files.sha256_file(target)
+            actual = sha256(target)
             if actual != digest:
                 problems.append(f"{path}: {name} changed: recorded sha256 {digest} ({size} bytes), "
                                 f"now {actual} ({target.stat().st_size} bytes)")

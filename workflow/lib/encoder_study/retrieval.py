@@ -17,10 +17,26 @@ The graph (after the recipe's offline ONNX Runtime optimisation) is checked agai
 reference on fixed cases before the output directory, written under a temporary name, is renamed
 into place. `retrieval.json` lists every file with its SHA-256; `verify` checks them without
 running anything.
+
+Memory. BGE-M3 reads 8,192 pieces, and the check runs a text that long. Eager attention holds a
+[batch, heads, sequence, sequence] score tensor, 4 GiB at 16 x 8192 x 8192 in float32, and ONNX Runtime
+two of them at once (the scores and the softmax); with the model in both PyTorch and ONNX Runtime that
+took the export of a model of BGE-M3's shape (2.27 GB) to 21.7 GB. So:
+- the graph computes attention one head at a time (the same arithmetic as transformers' eager attention,
+  head by head): a consumer's peak at 8,192 pieces is one head's scores, 256 MiB, not 16 heads', and
+  short inputs run as fast;
+- the reference runs PyTorch's scaled_dot_product_attention (a fused kernel that never holds all the
+  scores), a different implementation from the graph's;
+- the reference is computed for every case before the export, and the PyTorch model is freed before ONNX
+  Runtime loads the graph, so that the two copies of the weights are never resident together;
+- each phase's peak resident set is measured (`machine.peak_resident_kib`) and reported against the
+  graph's size on disk.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import shutil
@@ -188,6 +204,51 @@ class _ScatterMax(torch.autograd.Function):
         return g.op("ScatterElements", base, index, src, axis_i=1, reduction_s="max")
 
 
+PER_HEAD_ATTENTION = "encoder_study_per_head"  # registered with transformers' attention interfaces
+REFERENCE_ATTENTION = "sdpa"
+
+
+def per_head_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, scaling: float | None = None,
+                       dropout: float = 0.0, **kwargs):
+    """transformers' eager attention ([batch, heads, sequence, head_dim] in, [batch, sequence, heads,
+    head_dim] out), one head at a time: the exported graph then holds one head's scores at a time.
+
+    Inference only (no dropout); the attention weights are not returned.
+    """
+    if key.shape[1] != query.shape[1]:
+        raise RetrievalError(f"attention with {query.shape[1]} query heads and {key.shape[1]} key heads: "
+                             "the per-head export supports only as many key heads as query heads")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    outputs = []
+    for head in range(query.shape[1]):  # the head count is fixed: the traced graph has one chain per head
+        one = slice(head, head + 1)
+        scores = torch.matmul(query[:, one], key[:, one].transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask  # [batch, 1, query, key]: the same for every head
+        outputs.append(torch.matmul(torch.softmax(scores, dim=-1), value[:, one]))
+    return torch.cat(outputs, dim=1).transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def attention(encoder: torch.nn.Module, implementation: str):
+    """Run `encoder` with another of transformers' attention implementations inside the block:
+    PER_HEAD_ATTENTION (with eager attention's additive mask) or one of transformers' own ("sdpa")."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+
+    if implementation == PER_HEAD_ATTENTION:
+        AttentionInterface.register(PER_HEAD_ATTENTION, per_head_attention)
+        AttentionMaskInterface.register(PER_HEAD_ATTENTION, eager_mask)
+    before = encoder.config._attn_implementation
+    encoder.config._attn_implementation = implementation
+    try:
+        yield encoder
+    finally:
+        encoder.config._attn_implementation = before
+
+
 class RetrievalModel(torch.nn.Module):
     """`forward(input_ids, attention_mask) -> (dense, sparse, colbert)`: the module that is exported."""
 
@@ -214,11 +275,15 @@ class RetrievalModel(torch.nn.Module):
 
 def reference(encoder: torch.nn.Module, heads: Heads, ignored: list[int], input_ids: np.ndarray,
               mask: np.ndarray) -> dict[str, np.ndarray]:
-    """The three heads in plain PyTorch and Python, written as FlagEmbedding reads, in float64.
+    """The three heads in plain PyTorch and Python, written as FlagEmbedding reads.
 
-    Shares only the encoder with the graph: the sparse weights are max-reduced by a loop over tokens.
+    Shares only the encoder's weights with the graph: the encoder runs with PyTorch's
+    scaled_dot_product_attention (the graph computes eager attention head by head), and the sparse
+    weights are max-reduced by a loop over tokens. The encoder runs in float32, as the graph does; the
+    heads run in float64 on its output, so that their own rounding is not in the differences the check
+    measures (at 8,192 pieces of width 1024 that is 64 MiB: the float64 is not where the memory goes).
     """
-    with torch.no_grad():
+    with torch.no_grad(), attention(encoder, REFERENCE_ATTENTION):
         hidden = encoder(input_ids=torch.from_numpy(input_ids),
                          attention_mask=torch.from_numpy(mask)).last_hidden_state.double()
         m = torch.from_numpy(mask).double()
@@ -339,6 +404,44 @@ def parity_markdown(rows: list[dict]) -> str:
 # --- export ---------------------------------------------------------------------------------------
 
 EXTERNAL_DATA = ("auto", "always", "never")
+MEMORY_MARKDOWN = (("phase", "phase", ""), ("resident_before_mib", "resident before (MiB)", ".1f"),
+                   ("peak_mib", "peak (MiB)", ".1f"))
+
+
+@dataclass
+class Memory:
+    """The peak resident set of each phase of `export_graph` (VmHWM, reset at each phase's start), and the
+    published graph's size on disk (model.onnx and its external data). Not in the manifest: it varies."""
+
+    phases: list[dict] = field(default_factory=list)
+    reset: bool = True  # False: a peak could not be reset, so each is the peak since the process began
+    model_bytes: int = 0
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        self.reset = machine.reset_peak() and self.reset
+        before = machine.resident_kib()
+        yield
+        self.phases.append({"phase": name, "resident_before_mib": before / 1024,
+                            "peak_mib": machine.peak_resident_kib() / 1024})
+
+    @property
+    def peak(self) -> dict:
+        return max(self.phases, key=lambda p: p["peak_mib"])
+
+    def markdown(self) -> str:
+        return tables.markdown(self.phases, MEMORY_MARKDOWN)
+
+    def note(self) -> str:
+        """One line for the fragment: the peak, where it was, and its ratio to the graph's size."""
+        peak = self.peak
+        mib, size_mib = peak["peak_mib"], self.model_bytes / 2**20
+        reset = ("each phase's peak was reset at its start (/proc/self/clear_refs)" if self.reset
+                 else "the peak could not be reset: each is the peak since the process began")
+        return (f"peak memory of the export: {mib:.1f} MiB resident at most (in \"{peak['phase']}\"), "
+                f"{mib / size_mib:.2f} x the graph's {self.model_bytes:,} bytes ({size_mib:.1f} MiB) on disk "
+                "(model.onnx and any external data); the whole process, Python and its libraries included; "
+                + reset)
 
 
 @dataclass(frozen=True)
@@ -420,7 +523,8 @@ def _write_graph(raw: Path, target: Path, level: str, external: bool, threads: i
 
 def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | None,
                  out_dir: str | os.PathLike, settings: Settings) -> tuple[dict, list[dict]]:
-    """Export, optimise and check the three-head graph; publish `out_dir`; return (manifest, parity rows).
+    """Export, optimise and check the three-head graph; publish `out_dir`; return (manifest, parity rows,
+    the memory of each phase).
 
     `heads_dir` holds colbert_linear.pt and sparse_linear.pt; None reads them from the model's directory
     (where the Hub snapshot of BGE-M3 keeps them, hashed in source.json). Nothing reaches `out_dir`
@@ -439,13 +543,18 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
         raise RetrievalError(f"external data {settings.external_data!r}: use one of "
                              f"{', '.join(EXTERNAL_DATA)}")
     threads = machine.torch_threads(settings.threads)
+    memory = Memory()
     model_dir, source = source_dir(source_json)
-    encoder = load_pytorch(model_dir)
-    config = encoder.config
-    heads = load_heads(heads_dir if heads_dir is not None else model_dir, int(config.hidden_size))
-    ignored = ignored_ids(model_dir, config)
-    graph = RetrievalModel(encoder, heads, config.vocab_size, list(ignored.values())).eval()
-    cases = parity_cases(model_dir / "tokenizer.json", config)
+    with memory.phase("load the PyTorch model; the reference of every case"):
+        encoder = load_pytorch(model_dir)
+        config = encoder.config
+        heads = load_heads(heads_dir if heads_dir is not None else model_dir, int(config.hidden_size))
+        ignored = ignored_ids(model_dir, config)
+        cases = parity_cases(model_dir / "tokenizer.json", config)
+        # All the references first (at most tens of MiB: the longest case's ColBERT vectors), so that the
+        # PyTorch model is gone before ONNX Runtime loads the graph.
+        wants = [reference(encoder, heads, list(ignored.values()), c.input_ids, c.attention_mask)
+                 for c in cases]
     trace = next(c for c in cases if c.name == "batch")
     width, dim, vocab = int(config.hidden_size), int(heads.colbert.out_features), int(config.vocab_size)
     shapes = {"dense": ["batch", width], "sparse": ["batch", vocab], "colbert": ["batch", "sequence", dim]}
@@ -455,31 +564,38 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
         raw_dir.mkdir()
         publish.mkdir()
         raw = raw_dir / ONNX_FILE
-        with torch.no_grad():
-            # A str, not a Path: only then does the exporter write a graph over 2 GiB with its weights
-            # as external files beside it (into raw_dir, one per tensor; _write_graph gathers them).
-            torch.onnx.export(
-                graph, (torch.from_numpy(trace.input_ids), torch.from_numpy(trace.attention_mask)), str(raw),
-                dynamo=False, opset_version=settings.opset, do_constant_folding=True,
-                input_names=list(INPUTS), output_names=list(OUTPUTS), dynamic_axes=DYNAMIC_AXES,
-            )
-        _declare_outputs(raw, shapes)
-        onnx.checker.check_model(str(raw), full_check=True)
-        external = _external(raw_dir, settings.external_data)
-        _write_graph(raw, publish / ONNX_FILE, settings.ort_optimization, external, threads)
-        shutil.rmtree(raw_dir)
-        _drop_unused_domains(publish / ONNX_FILE)
-        if settings.ort_optimization != "extended":  # extended adds ONNX Runtime's own operators
-            onnx.checker.check_model(str(publish / ONNX_FILE), full_check=True)
+        with memory.phase("export to ONNX (TorchScript tracer)"):
+            graph = RetrievalModel(encoder, heads, config.vocab_size, list(ignored.values())).eval()
+            with torch.no_grad(), attention(encoder, PER_HEAD_ATTENTION):
+                # A str, not a Path: only then does the exporter write a graph over 2 GiB with its weights
+                # as external files beside it (into raw_dir, one per tensor; _write_graph gathers them).
+                torch.onnx.export(
+                    graph, (torch.from_numpy(trace.input_ids), torch.from_numpy(trace.attention_mask)),
+                    str(raw), dynamo=False, opset_version=settings.opset, do_constant_folding=True,
+                    input_names=list(INPUTS), output_names=list(OUTPUTS), dynamic_axes=DYNAMIC_AXES,
+                )
+            del graph, encoder  # the heads stay (small; their shapes go into the manifest)
+            gc.collect()
+        with memory.phase("optimise, check and save the graph"):
+            _declare_outputs(raw, shapes)
+            onnx.checker.check_model(str(raw), full_check=True)
+            external = _external(raw_dir, settings.external_data)
+            _write_graph(raw, publish / ONNX_FILE, settings.ort_optimization, external, threads)
+            shutil.rmtree(raw_dir)
+            _drop_unused_domains(publish / ONNX_FILE)
+            if settings.ort_optimization != "extended":  # extended adds ONNX Runtime's own operators
+                onnx.checker.check_model(str(publish / ONNX_FILE), full_check=True)
+        memory.model_bytes = sum(p.stat().st_size for p in files.list_files(publish))
 
-        session = ort_session(publish / ONNX_FILE, threads, CHECK_OPTIMIZATION)
         rows = []
-        for case in cases:
-            got = session.run(list(OUTPUTS), {"input_ids": case.input_ids,
-                                              "attention_mask": case.attention_mask})
-            want = reference(encoder, heads, list(ignored.values()), case.input_ids, case.attention_mask)
-            rows += compare(case, dict(zip(OUTPUTS, got, strict=True)), want, settings.tolerance)
-        del session
+        with memory.phase("check the graph in ONNX Runtime, case by case"):
+            session = ort_session(publish / ONNX_FILE, threads, CHECK_OPTIMIZATION)
+            for index, case in enumerate(cases):
+                got = session.run(list(OUTPUTS), {"input_ids": case.input_ids,
+                                                  "attention_mask": case.attention_mask})
+                rows += compare(case, dict(zip(OUTPUTS, got, strict=True)), wants[index], settings.tolerance)
+                wants[index] = got = None  # freed before the next case
+            del session
         failed = [r for r in rows if not r["allclose"]]
         if failed:
             raise RetrievalError(
@@ -503,7 +619,8 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
             },
             "exporter": {
                 "function": "torch.onnx.export", "dynamo": False, "opset": settings.opset,
-                "do_constant_folding": True, "attn_implementation": "eager",
+                "do_constant_folding": True,
+                "attention": f"{PER_HEAD_ATTENTION}: transformers' eager attention, one head at a time",
                 "inputs": {n: {"dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUTS},
                 "outputs": {n: {"dtype": "float32", "shape": s} for n, s in shapes.items()},
             },
@@ -520,6 +637,7 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
                 "cases": [{"name": c.name, "purpose": c.purpose, "rows": int(c.input_ids.shape[0]),
                            "tokens": int(c.attention_mask.sum())} for c in cases],
                 "tolerance": settings.tolerance,
+                "reference_attention": REFERENCE_ATTENTION,
                 "criterion": "numpy.allclose(graph, reference, rtol=0, atol=tolerance) on every element",
                 "max_abs": {o: max(r["max_abs"] for r in rows if r["output"] == o) for o in OUTPUTS},
             },
@@ -527,7 +645,7 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
         }
         files.write_json(publish / MANIFEST, record)
         files.replace_dir(publish, out_dir)
-    return record, rows
+    return record, rows, memory
 
 
 # --- verification ---------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ file the fragments' JSON twins name, the chain of jobs behind a file or one row 
 run's Workflow Run RO-Crate (library: encoder_study.crate).
 
     encoder-study provenance join --recipe student --out provenance/student/PROVENANCE.md FRAGMENT...
-    encoder-study provenance verify --root provenance --base . [--env]
+    encoder-study provenance verify --root provenance --base . [--env] [--fast]
     encoder-study provenance explain results/tagging/scores.csv --row minilm-finetuned,test
     encoder-study provenance crate --base . --workflow Snakefile --citation CITATION.cff \\
         --license LICENSE --out ro-crate-metadata.json --provenance FRAGMENT FRAGMENT...
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .. import provenance
 
@@ -24,7 +25,10 @@ def join(args) -> int:
 
 def verify(args) -> int:
     """Status 1 and one line per difference on stderr when a file changed or is missing."""
-    problems = provenance.verify(args.root, args.base, env=args.env)
+    cache = provenance.HashCache(Path(args.base) / provenance.FAST_CACHE) if args.fast else None
+    problems = provenance.verify(args.root, args.base, env=args.env, cache=cache)
+    if cache is not None:
+        cache.save()
     if problems:
         print(f"verify: {len(problems)} difference(s):", file=sys.stderr)
         for line in problems:
@@ -32,7 +36,9 @@ def verify(args) -> int:
         return 1
     print(f"verify: every file named by {len(provenance.fragments_under(args.root))} fragment(s) under "
           f"{args.root} matches its SHA-256"
-          + ("; the recorded library and Python versions are the installed ones" if args.env else ""))
+          + ("; the recorded library and Python versions are the installed ones" if args.env else "")
+          + (f"; --fast: {cache.hits} file(s) not read again (size, times and inode as when hashed), "
+             f"{cache.hashed} hashed" if cache is not None else ""))
     return 0
 
 
@@ -74,6 +80,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--base", required=True, help="the folder the recorded paths are relative to: .")
     p.add_argument("--env", action="store_true",
                    help="also compare the recorded library and Python versions with the installed ones")
+    p.add_argument("--fast", action="store_true",
+                   help=f"do not read again a file whose size, mtime, ctime and inode are as when it was "
+                        f"hashed (kept in <base>/{provenance.FAST_CACHE}); without it every file is read")
     p = sub.add_parser("explain", help="the jobs, commands, code and inputs (with SHA-256) behind a file")
     p.set_defaults(run=explain)
     p.add_argument("file", help="a file the workflow wrote, e.g. results/tagging/scores.csv")

@@ -43,7 +43,7 @@ def export(args) -> int:
     out_dir = Path(args.out_dir)
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=args.threads) as frag:
         frag.inputs.append(args.source)
-        record, rows = retrieval.export_graph(args.source, args.heads_dir, out_dir, settings)
+        record, rows, memory = retrieval.export_graph(args.source, args.heads_dir, out_dir, settings)
         if args.heads_dir is not None:
             frag.inputs += [Path(args.heads_dir) / retrieval.COLBERT_FILE,
                             Path(args.heads_dir) / retrieval.SPARSE_FILE]
@@ -54,6 +54,8 @@ def export(args) -> int:
         frag.outputs += [out_dir / retrieval.MANIFEST, args.parity, args.markdown]
         frag.table("Parity of the graph with the PyTorch reference", markdown)
         frag.table("Cases", tables.markdown(record["check"]["cases"], retrieval.CASE_MARKDOWN))
+        frag.table("Memory (resident set: peak VmHWM of each phase, reset at its start)", memory.markdown())
+        frag.note(memory.note())
         semantics = record["heads_semantics"]
         frag.note(retrieval.COLBERT_NOTE)
         frag.note("`sparse`: relu(sparse_linear(hidden)) times the attention mask, max-reduced onto each "

@@ -1,0 +1,67 @@
+"""roc-validator on a crate, offline: the Provenance Run Crate profile (shipped in the package), the
+JSON-LD contexts from tests/data/ro-crate served through a requests-cache the test fills, and every
+socket connection refused while it runs, so a check that wanted the network fails instead of fetching."""
+
+from __future__ import annotations
+
+import io
+import socket
+from pathlib import Path
+
+import pytest
+import requests
+import requests_cache
+import urllib3
+
+CONTEXTS = Path(__file__).parent / "data" / "ro-crate"
+SERVED = {
+    "https://w3id.org/ro/crate/1.1/context": CONTEXTS / "ro-crate-1.1-context.jsonld",
+    "https://w3id.org/ro/terms/workflow-run/context": CONTEXTS / "workflow-run-context.json",
+}
+PROFILE = "provenance-run-crate"
+
+
+class _Served(requests.adapters.BaseAdapter):
+    """Answers the context URLs from files; any other URL is an error."""
+
+    def send(self, request, **kwargs):
+        if request.url not in SERVED:
+            raise AssertionError(f"the validator asked for {request.url}, which the test does not serve")
+        body = SERVED[request.url].read_bytes()
+        raw = urllib3.HTTPResponse(body=io.BytesIO(body), headers={"Content-Type": "application/ld+json"},
+                                   status=200, preload_content=False, request_url=request.url)
+        return requests.adapters.HTTPAdapter().build_response(request, raw)
+
+    def close(self):
+        pass
+
+
+def fill_cache(path: Path) -> Path:
+    """A requests-cache SQLite file at `path` holding the contexts (what an online run would leave)."""
+    session = requests_cache.CachedSession(cache_name=str(path), backend="sqlite", expire_after=-1)
+    session.mount("https://", _Served())
+    session.mount("http://", _Served())
+    for url in SERVED:
+        assert session.get(url).status_code == 200
+    session.close()
+    return path
+
+
+def _refuse(*args, **kwargs):
+    raise OSError("network access during the crate's validation")
+
+
+def required_issues(crate_root: Path, cache: Path) -> list[str]:
+    """Every issue at the REQUIRED level, as 'check: message (entity)'; empty when the crate conforms."""
+    from rocrate_validator import models, services
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", _refuse)
+        settings = models.ValidationSettings(
+            rocrate_uri=str(crate_root), profile_identifier=PROFILE, requirement_severity="REQUIRED",
+            offline=True, cache_path=cache)
+        result = services.validate(settings)
+    issues = [f"{issue.identifier}: {issue.message} ({issue.violatingEntity})"
+              for issue in result.get_issues()]
+    assert result.passed() == (not issues), issues
+    return issues
