@@ -1,5 +1,6 @@
 """Provenance fragments, their join, and verify catching changed or missing files."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -287,6 +288,117 @@ def test_explain_without_twins_is_a_user_error(tmp_path, capsys):
     (tmp_path / "p").mkdir()
     assert command("explain", "x.csv", "--root", str(tmp_path / "p")) == 2
     assert "no provenance fragments with JSON twins" in capsys.readouterr().err
+
+
+# -- verify --fast: hashes kept by file state ----------------------------------------------------------
+
+def _fast(root: Path, cache_path: Path) -> tuple[list[str], provenance.HashCache]:
+    cache = provenance.HashCache(cache_path)
+    problems = provenance.verify(root, ".", cache=cache)
+    cache.save()
+    return problems, cache
+
+
+@pytest.fixture
+def settled(monkeypatch):
+    """Files written a moment ago count as settled (the cache skips files changed within RACY_NS)."""
+    monkeypatch.setattr(provenance, "RACY_NS", -10**15)
+
+
+def _same_size_edit(path: Path, keep_times: bool) -> None:
+    before = path.stat()
+    text = path.read_text()
+    path.write_text(text[:-2] + ("9" if text[-2] != "9" else "8") + text[-1])
+    if keep_times:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size
+
+
+def test_fast_verify_hashes_once_then_trusts_an_unchanged_state(tmp_path, settled):
+    _fragment(tmp_path)
+    root, cache_path = tmp_path / "provenance", tmp_path / "cache.json"
+    problems, first = _fast(root, cache_path)
+    assert problems == [] and (first.hashed, first.hits) == (2, 0)
+    problems, second = _fast(root, cache_path)
+    assert problems == [] and (second.hashed, second.hits) == (0, 2)
+
+
+@pytest.mark.parametrize("change", ["other size", "same size", "same size and mtime", "new inode"])
+def test_fast_verify_hashes_again_a_file_whose_state_changed(tmp_path, settled, change):
+    frag, inp, data = _fragment(tmp_path)
+    root, cache_path = tmp_path / "provenance", tmp_path / "cache.json"
+    assert _fast(root, cache_path)[0] == []
+    if change == "other size":
+        data.write_text("a,b\n1,22\n")
+    elif change == "new inode":  # the same bytes and times in a new file (a copy moved over it)
+        copy = data.with_name("copy")
+        copy.write_bytes(data.read_bytes())
+        os.utime(copy, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns))
+        os.replace(copy, data)
+    else:  # mtime set back: ctime, which no call can set back, still moves
+        _same_size_edit(data, keep_times=change == "same size and mtime")
+    problems, cache = _fast(root, cache_path)
+    assert (cache.hashed, cache.hits) == (1, 1)
+    if change == "new inode":
+        assert problems == []
+    else:
+        assert len(problems) == 1 and str(data) in problems[0] and "changed" in problems[0]
+
+
+def test_full_verify_never_reads_the_cache(tmp_path, settled):
+    """A change the cache cannot see (here: its entry made to match the changed file) passes --fast, and
+    the default verify, which reads every file, still names it."""
+    import json
+
+    frag, inp, data = _fragment(tmp_path)
+    root, cache_path = tmp_path / "provenance", tmp_path / "cache.json"
+    assert _fast(root, cache_path)[0] == []
+    recorded = files.sha256_file(data)
+    _same_size_edit(data, keep_times=True)
+    stat = data.stat()
+    entries = json.loads(cache_path.read_text())
+    entries["files"][os.path.realpath(data)] = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino,
+                                                stat.st_dev, recorded]
+    cache_path.write_text(json.dumps(entries))
+    assert _fast(root, cache_path)[0] == []  # what --fast trusts
+    problems = provenance.verify(root, ".")
+    assert len(problems) == 1 and str(data) in problems[0] and "changed" in problems[0]
+
+
+def test_fast_verify_does_not_keep_a_file_changed_just_before_it_was_hashed(tmp_path):
+    _fragment(tmp_path)  # written now: within RACY_NS
+    root, cache_path = tmp_path / "provenance", tmp_path / "cache.json"
+    assert _fast(root, cache_path)[0] == []
+    problems, again = _fast(root, cache_path)
+    assert problems == [] and (again.hashed, again.hits) == (2, 0)
+
+
+def test_fast_verify_command_keeps_its_cache_under_base(tmp_path, settled, monkeypatch, capsys):
+    _fragment(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert command("verify", "--root", "provenance", "--base", ".", "--fast") == 0
+    assert (tmp_path / provenance.FAST_CACHE).is_file()
+    assert command("verify", "--root", "provenance", "--base", ".", "--fast") == 0
+    assert "--fast: 2 file(s) not read again" in capsys.readouterr().out
+    (tmp_path / provenance.FAST_CACHE).write_text("{damaged")  # a damaged cache: every file read
+    assert command("verify", "--root", "provenance", "--base", ".", "--fast") == 0
+    assert "--fast: 0 file(s) not read again" in capsys.readouterr().out
+
+
+def test_a_file_named_by_many_fragments_is_read_once(tmp_path, monkeypatch):
+    _fragment(tmp_path)
+    read = []
+    sha256_file = files.sha256_file
+    monkeypatch.setattr(files, "sha256_file", lambda path: read.append(Path(path).name) or sha256_file(path))
+    assert provenance.verify(tmp_path / "provenance", ".") == []
+    once = len(read)
+    second = tmp_path / "provenance" / "demo" / "make_table-y.md"
+    with provenance.Fragment(second, {}, threads=1, argv=["encoder-study", "demo"]) as f:
+        f.inputs.append(tmp_path / "config.json")
+        f.outputs.append(tmp_path / "results" / "table.csv")
+    read.clear()
+    assert provenance.verify(tmp_path / "provenance", ".") == []
+    assert read.count("table.csv") == 1 and read.count("config.json") == 1 and len(read) == once + 1
 
 
 # -- version ------------------------------------------------------------------------------------------

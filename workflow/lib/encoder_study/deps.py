@@ -147,6 +147,9 @@ class _Cache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             handle, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; others sharing the folder read it too
             with os.fdopen(handle, "w", encoding="utf-8") as out:
                 json.dump({**CACHE_FORMAT, "files": self.entries}, out, sort_keys=True)
             os.replace(tmp, self.path)  # whole or not at all, also with concurrent Snakemake processes

@@ -40,6 +40,7 @@ import gc
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -405,13 +406,14 @@ def parity_markdown(rows: list[dict]) -> str:
 
 EXTERNAL_DATA = ("auto", "always", "never")
 MEMORY_MARKDOWN = (("phase", "phase", ""), ("resident_before_mib", "resident before (MiB)", ".1f"),
-                   ("peak_mib", "peak (MiB)", ".1f"))
+                   ("peak_mib", "peak (MiB)", ".1f"), ("seconds", "seconds", ".1f"))
 
 
 @dataclass
 class Memory:
-    """The peak resident set of each phase of `export_graph` (VmHWM, reset at each phase's start), and the
-    published graph's size on disk (model.onnx and its external data). Not in the manifest: it varies."""
+    """The peak resident set of each phase of `export_graph` (VmHWM, reset at each phase's start), its
+    time, and the published graph's size on disk (model.onnx and its external data). Not in the
+    manifest: it varies from run to run."""
 
     phases: list[dict] = field(default_factory=list)
     reset: bool = True  # False: a peak could not be reset, so each is the peak since the process began
@@ -420,10 +422,11 @@ class Memory:
     @contextlib.contextmanager
     def phase(self, name: str):
         self.reset = machine.reset_peak() and self.reset
-        before = machine.resident_kib()
+        before, start = machine.resident_kib(), time.perf_counter()
         yield
         self.phases.append({"phase": name, "resident_before_mib": before / 1024,
-                            "peak_mib": machine.peak_resident_kib() / 1024})
+                            "peak_mib": machine.peak_resident_kib() / 1024,
+                            "seconds": time.perf_counter() - start})
 
     @property
     def peak(self) -> dict:
