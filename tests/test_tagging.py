@@ -423,7 +423,8 @@ def test_step_time_rows_for_both_implementations(tiny_exports, models_dir, tmp_p
     for row in rows:
         assert set(COLUMNS) <= set(row) and row["model"] == "bert-tiny"
         assert all(row[k] > 0 for k in ("forward_s", "backward_s", "clip_s", "optimizer_s", "total_s"))
-        assert row["parameters"] > 0 and row["steps"] >= 2 and row["seconds"] >= 0.05
+        # `seconds` sums the timed parts; perf.measure's own clock (>= min_seconds) also holds zero_grad
+        assert row["parameters"] > 0 and row["steps"] >= 2 and row["seconds"] > 0
         spread = [row[k] for k in ("total_s_min", "total_s_q1", "total_s", "total_s_q3", "total_s_max")]
         assert spread == sorted(spread)
         assert row["fraction_of_gemm"] == pytest.approx(row["gflops"] / row["gemm_gflops"])

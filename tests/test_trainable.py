@@ -111,7 +111,7 @@ def test_rope_base_rules(exports):
 def test_padded_batch_equals_single_sequences_bitwise(exports, name):
     encoder = trainable.load(exports[name])
     generator = torch.Generator().manual_seed(0)
-    lengths = [40, 33, 21, 16, 15, 9, 8, 5, 2, 1]
+    lengths = [66, 47, 40, 33, 21, 17, 16, 15, 9, 8, 5, 2, 1]  # attention pads to multiples of 16
     ids = torch.randint(5, 1000, (len(lengths), max(lengths)), generator=generator)
     mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
     ids = ids.masked_fill(mask == 0, encoder.filler_id)
@@ -120,6 +120,39 @@ def test_padded_batch_equals_single_sequences_bitwise(exports, name):
         for i, n in enumerate(lengths):
             alone = encoder(ids[i:i + 1, :n], mask[i:i + 1, :n])[0]
             assert torch.equal(alone, together[i, :n]), (name, n, (alone - together[i, :n]).abs().max())
+
+
+def test_clip_gradients_is_torchs_clip_bit_for_bit():
+    """Also when nothing is clipped (the multiplication by 1 skipped) and when the norm is not finite."""
+    generator = torch.Generator().manual_seed(0)
+    for scale in (1e-3, 1.0, float("nan"), float("inf")):
+        grads = [torch.randn(shape, generator=generator) * scale for shape in ((24, 16), (16,), (3, 5))]
+        ours, theirs = ([torch.nn.Parameter(torch.zeros_like(g)) for g in grads] for _ in range(2))
+        for a, b, g in zip(ours, theirs, grads, strict=True):
+            a.grad, b.grad = g.clone(), g.clone()
+        norm = trainable.clip_gradients(ours, 1.0)
+        expected = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        assert torch.equal(norm, expected) or (norm.isnan() and expected.isnan())
+        for a, b in zip(ours, theirs, strict=True):
+            assert torch.equal(a.grad.nan_to_num(7.0), b.grad.nan_to_num(7.0)), scale
+
+
+def test_adamw_is_fused_and_close_to_torchs_default():
+    generator = torch.Generator().manual_seed(0)
+    start = [torch.randn(shape, generator=generator) for shape in ((24, 16), (16,))]
+    ours, theirs = ([torch.nn.Parameter(w.clone()) for w in start] for _ in range(2))
+    fused = trainable.adamw(ours, 5e-5, 0.01)
+    default = torch.optim.AdamW(theirs, lr=5e-5, weight_decay=0.01)
+    assert fused.defaults["fused"]
+    for _ in range(5):
+        for a, b in zip(ours, theirs, strict=True):
+            a.grad = torch.randn(a.shape, generator=generator)
+            b.grad = a.grad.clone()
+        fused.step()
+        default.step()
+    for a, b, w in zip(ours, theirs, start, strict=True):
+        assert not torch.equal(a, w)  # it stepped
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-8)  # the same update, in another order
 
 
 @pytest.fixture

@@ -77,8 +77,10 @@ class Stepper:
         # CUDA runs asynchronously: wait for the GPU before reading each clock.
         self.sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
         self.params = [p for p in [*encoder.parameters(), *head.parameters()] if p.requires_grad]
-        # Ours step with the AdamW fine-tuning uses (fused); Hugging Face's model with torch's default.
+        # Ours clip and step as fine-tuning does (trainable's clip_gradients and fused AdamW); Hugging
+        # Face's model with torch's defaults, as its users would.
         ours = isinstance(encoder, trainable.Encoder)
+        self.clip_gradients = trainable.clip_gradients if ours else torch.nn.utils.clip_grad_norm_
         self.optimizer = (trainable.adamw(self.params, lr, weight_decay) if ours
                           else torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay))
 
@@ -94,7 +96,7 @@ class Stepper:
         loss.backward()
         self.sync()
         t2 = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.clip_gradients(self.params, self.clip)
         self.sync()
         t3 = time.perf_counter()
         self.optimizer.step()

@@ -89,7 +89,7 @@ from .. import files
 from ..data.conllu import UPOS, Sentence
 from ..errors import UserError
 from ..files import CheckpointError  # what resuming raises; callers import it from here too
-from ..trainable.common import adamw, determinism
+from ..trainable.common import adamw, clip_gradients, determinism
 from .tagger import Tagger, word_batches
 
 CHECKPOINT_FORMAT = "encoder_study.tagging.train/2"
@@ -458,7 +458,7 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.settings.clip:
-            torch.nn.utils.clip_grad_norm_(self.params, self.settings.clip)
+            clip_gradients(self.params, self.settings.clip)
         self.optimizer.step()
         value = loss.item()
         self.loss_sum += value

@@ -21,7 +21,7 @@ import torch
 from .. import files
 from ..onnx.names import table_prefix
 from . import modernbert, postnorm
-from .common import Encoder, adamw
+from .common import Encoder, adamw, clip_gradients
 from .graph import Graph, GraphError, read_weights
 from .modernbert import ModernBertEncoder, ModernBertSettings
 from .postnorm import PostNormEncoder, PostNormSettings
@@ -31,8 +31,8 @@ FAMILIES = {"postnorm": (postnorm, PostNormEncoder, PostNormSettings),
 CHECKPOINT_FORMAT = "encoder_study.trainable/1"
 
 __all__ = ["Encoder", "Graph", "GraphError", "ModernBertEncoder", "ModernBertSettings", "PostNormEncoder",
-           "PostNormSettings", "adamw", "checkpoint", "detect_family", "load", "read_weights", "restore",
-           "save"]
+           "PostNormSettings", "adamw", "checkpoint", "clip_gradients", "detect_family", "load",
+           "read_weights", "restore", "save"]
 
 
 def _paths(model: str | os.PathLike, config: str | os.PathLike | None) -> tuple[Path, Path | None]:
