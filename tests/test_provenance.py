@@ -1,6 +1,7 @@
 """Provenance fragments, their join, and verify catching changed or missing files."""
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -419,3 +420,20 @@ def test_package_version_is_pyprojects_and_the_changelogs_latest():
     assert installed == encoder_study.__version__, "reinstall: pip install -e workflow/lib"
     latest = re.search(r"^## \[?(\d+\.\d+\.\d+)", (repo / "CHANGELOG.md").read_text(), re.MULTILINE)
     assert latest and latest[1] == encoder_study.__version__
+
+
+def test_a_reader_of_a_rewritten_fragment_is_named_stale(tmp_path):
+    """The run crate reads every fragment: rerunning one rule alone leaves it stale, and verify says so."""
+    frag, _, _ = _fragment(tmp_path)
+    reader = tmp_path / "provenance" / "provenance" / "provenance_crate.md"
+    with provenance.Fragment(reader, {}, threads=1, argv=["encoder-study", "crate"]) as f:
+        f.inputs.append(provenance.twin(frag))
+        f.outputs.append(reader)
+    root = tmp_path / "provenance"
+    assert provenance.verify(root, ".") == []
+    time.sleep(1.1)  # fragments record their times to the second
+    _fragment(tmp_path)  # the rule ran again: same table, a new fragment (its times)
+    problems = provenance.verify(root, ".")
+    assert len(problems) == 1 and "provenance_crate.json" in problems[0]
+    assert "rewritten by a later run of its rule" in problems[0]
+    assert "`all` rebuilds the run crate" in problems[0]

@@ -40,10 +40,12 @@ def test_licenses_name_every_source_the_configs_use():
         assert repo.split("/")[1].lower() in text.lower(), repo
 
 
-def test_changelog_has_this_version_and_the_one_before():
+def test_changelog_lists_every_version_newest_first_from_this_one():
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     versions = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", text, re.MULTILINE)
-    assert versions[:2] == [encoder_study.__version__, "0.1.0"]
+    numbers = [tuple(int(part) for part in v.split(".")) for v in versions]
+    assert versions[0] == encoder_study.__version__ and versions[-1] == "0.1.0"
+    assert numbers == sorted(numbers, reverse=True) and len(set(numbers)) == len(numbers)  # newest first
 
 
 def test_pre_commit_runs_ruff_at_the_tested_version_snakemake_lint_and_a_yaml_check():

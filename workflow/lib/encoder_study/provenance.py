@@ -478,8 +478,13 @@ def verify(root: str | os.PathLike, base: str | os.PathLike, env: bool = False,
                 continue
             actual = sha256(target)
             if actual != digest:
+                # A fragment that changed under a later reader (the run crate reads every fragment)
+                # was rewritten by a rerun of its own rule: the reader is stale, not the files.
+                hint = (f"; {name} was rewritten by a later run of its rule, so rerun the rule that wrote "
+                        f"{path.name} (`all` rebuilds the run crate)"
+                        if Path(name).suffix in (".md", ".json") and Path(name).is_relative_to(root) else "")
                 problems.append(f"{path}: {name} changed: recorded sha256 {digest} ({size} bytes), "
-                                f"now {actual} ({target.stat().st_size} bytes)")
+                                f"now {actual} ({target.stat().st_size} bytes){hint}")
     if env:
         problems += environment_differences([r for _, r in records])
     return problems
