@@ -64,3 +64,12 @@ def test_gemm_rate_is_a_rate():
     rate = perf.gemm_rate(1, min_seconds=0.0, size=256)
     assert 0.1 < rate < 1e5  # GFLOP/s: a real CPU, not a unit slip by 1e9
     assert perf.rates(2e9, 0.5, 8.0) == {"gflops": 4.0, "fraction_of_gemm": 0.5}
+
+
+def test_blocks_take_turns_after_an_untimed_switch():
+    order = []
+    calls = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    times = perf.measure(calls, min_seconds=0.0, min_repeats=2, warmup=0, block_seconds=1e-9)
+    # each turn: one untimed call, then timed calls until the block is full (here: one)
+    assert order == ["a", "a", "b", "b", "a", "a", "b", "b"]
+    assert [len(t) for t in times.values()] == [2, 2]

@@ -98,9 +98,10 @@ def _row(part: str, path: str, threads: int, batch, seq_len, spread: perf.Spread
 
 
 def _part(part: str, calls: dict, threads: int, batch, seq_len, flops: dict, gemm: float,
-          min_seconds: float) -> list[dict]:
+          min_seconds: float, block_seconds: float = 0.0) -> list[dict]:
     """Rows of one part: its paths timed in turn, each against the part's first path."""
-    spreads = {name: perf.Spread.of(t) for name, t in perf.measure(calls, min_seconds, warmup=2).items()}
+    times = perf.measure(calls, min_seconds, warmup=2, block_seconds=block_seconds)
+    spreads = {name: perf.Spread.of(t) for name, t in times.items()}
     first = next(iter(spreads.values())).median
     return [_row(part, name, threads, batch, seq_len, s, flops.get(name), gemm, first)
             for name, s in spreads.items()]
@@ -135,7 +136,8 @@ def shape_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: in
              "encoder_study modules, forward": forward(ours),
              "transformers (eager), forward": forward(theirs)}
     flops = perf.encoder_flops(shape, [seq_len] * batch)
-    return _part("shape", calls, threads, batch, seq_len, dict.fromkeys(calls, flops), gemm, min_seconds)
+    return _part("shape", calls, threads, batch, seq_len, dict.fromkeys(calls, flops), gemm, min_seconds,
+                 perf.BLOCK_SECONDS)  # ONNX Runtime against PyTorch: in blocks
 
 
 class _Recorder:

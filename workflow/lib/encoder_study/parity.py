@@ -89,7 +89,8 @@ def latency(pair: compare.Pair, threads: int, batches: tuple[int, ...], seq_len:
             "pytorch": lambda ids=ids, mask=mask: compare.torch_states(pair.torch_model, ids, mask),
         }
         flops = perf.encoder_flops(shape, [seq_len] * batch)
-        for runtime, times in perf.measure(calls, min_seconds, min_repeats=runs, warmup=warmup).items():
+        for runtime, times in perf.measure(calls, min_seconds, min_repeats=runs, warmup=warmup,
+                                                block_seconds=perf.BLOCK_SECONDS).items():
             t = perf.Spread.of(times)
             rows.append({"model": pair.name, "runtime": runtime, "threads": threads, "batch": batch,
                          "seq_len": seq_len, "median_ms": t.median * 1e3, "min_ms": t.min * 1e3,

@@ -25,7 +25,8 @@ pass (the backward pass computes each product's input and weight gradients: twic
 The measure. `measure(calls, min_seconds)` runs the given callables in turn, one call each a round
 (so that a change in a shared machine's load falls on all alike), until each has run at least
 `min_seconds` in total and `min_repeats` times (one that has sits out the later rounds), and gives
-each one's per-call seconds; `Spread` summarises them (median, quartiles, min, max).
+each one's per-call seconds; `Spread` summarises them (median, quartiles, min, max). Runtimes with
+thread pools of their own take turns in blocks (`block_seconds`), each after an untimed call.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 GEMM_SIZE = 2048
+BLOCK_SECONDS = 0.25  # turns of ONNX Runtime against PyTorch (see measure)
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,16 @@ class Spread:
 
 
 def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_repeats: int = 5,
-            warmup: int = 1) -> dict[str, list[float]]:
-    """Per-call seconds of each callable, interleaved; see the module's docstring."""
-    if min_seconds < 0 or min_repeats < 1 or warmup < 0:
-        raise ValueError("min_seconds must be 0 or more, min_repeats at least 1 and warmup 0 or more")
+            warmup: int = 1, block_seconds: float = 0.0) -> dict[str, list[float]]:
+    """Per-call seconds of each callable, interleaved; see the module's docstring.
+
+    `block_seconds` > 0: each turn is a block of calls of at least that many seconds, after one untimed
+    call. For runtimes with thread pools of their own (ONNX Runtime's spin after a run, PyTorch's OpenMP
+    threads): a call right after the other runtime's shares the cores with its still-spinning threads
+    (measured on MiniLM at batch 1: PyTorch 38 ms instead of 12), which says nothing about either.
+    """
+    if min_seconds < 0 or min_repeats < 1 or warmup < 0 or block_seconds < 0:
+        raise ValueError("min_seconds, warmup and block_seconds must be 0 or more, min_repeats at least 1")
     for _ in range(warmup):
         for call in calls.values():
             call()
@@ -103,11 +111,18 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
     while pending := [n for n in calls if totals[n] < min_seconds or len(times[n]) < min_repeats]:
         for name in pending:  # a path that has its share sits out, so fast paths don't stretch slow ones
             call = calls[name]
-            start = time.perf_counter()
-            call()
-            elapsed = time.perf_counter() - start
-            times[name].append(elapsed)
-            totals[name] += elapsed
+            if block_seconds:
+                call()  # the switch: the other runtime's threads wind down during this call
+            block = 0.0
+            while True:
+                start = time.perf_counter()
+                call()
+                elapsed = time.perf_counter() - start
+                times[name].append(elapsed)
+                totals[name] += elapsed
+                block += elapsed
+                if block >= block_seconds:
+                    break
     return times
 
 
