@@ -22,7 +22,6 @@ from .errors import UserError
 from .runtime import INPUTS, OPTIMIZATIONS, OUTPUT, usable_positions
 from .tokens import Doc, DocPieces, PieceTokenizer, check_pooling, join_word_pieces
 
-
 RUNS_AT_ONCE = 16  # batches run back to back before their outputs are read (see _run)
 
 
