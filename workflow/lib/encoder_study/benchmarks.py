@@ -26,12 +26,10 @@ part taking turns (perf.measure). Work is counted by perf.encoder_flops on each 
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -40,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import manifest, perf, reference, tables, trainable
+from . import machine, manifest, perf, reference, tables, trainable
 from .frozen import FrozenEncoder
 from .runtime import OUTPUT, ort_session
 from .tokens import Doc, PieceTokenizer
@@ -76,14 +74,9 @@ def load_module(kind: str, model_dir: Path, source_dir: Path) -> torch.nn.Module
     """(input_ids, attention_mask) -> hidden states, token table frozen, eval mode."""
     if kind == "encoder_study":
         return trainable.load(model_dir).eval()  # the token table is frozen by default
-    return reference.HiddenStates(reference.load_pytorch(source_dir)).eval()
-
-
-def _frozen_table(module: torch.nn.Module) -> torch.nn.Module:
-    for name, p in module.named_parameters():
-        if "word_embeddings" in name or name.startswith("tokens"):
-            p.requires_grad_(False)
-    return module
+    model = reference.load_pytorch(source_dir)
+    model.get_input_embeddings().weight.requires_grad_(False)  # as in step time
+    return reference.HiddenStates(model).eval()
 
 
 def _row(part: str, path: str, threads: int, batch, seq_len, spread: perf.Spread, flops: float | None,
@@ -209,34 +202,25 @@ def step_batch(model_dir: Path, docs: list[Doc], rows: int, length: int) -> tupl
 
 
 def _forward_backward(module, ids, mask) -> None:
-    for p in module.parameters():
-        p.grad = None
+    module.zero_grad(set_to_none=True)
     module(ids, mask).pow(2).mean().backward()
-
-
-def _status_kb(key: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.MULTILINE).group(1))
 
 
 def memory_child(kind: str, model_dir: str, source_dir: str, threads: int, rows: int, length: int,
                  docs: int, seed: int) -> float:
     """In this (fresh) process: the median peak RSS rise (MiB) of one step, after a warm-up step."""
     torch.set_num_threads(threads)
-    module = _frozen_table(load_module(kind, Path(model_dir), Path(source_dir)))
+    module = load_module(kind, Path(model_dir), Path(source_dir))
     ids, mask = step_batch(Path(model_dir), synthetic_docs(docs, seed), rows, length)
-    libc = ctypes.CDLL("libc.so.6")
     _forward_backward(module, ids, mask)  # one-time initialisation is not a step's memory
     rises = []
     for _ in range(3):
-        for p in module.parameters():
-            p.grad = None
+        module.zero_grad(set_to_none=True)
         gc.collect()
-        libc.malloc_trim(0)  # hand freed heap memory back, so that VmRSS is what is live
-        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-        before = _status_kb("VmRSS")
+        machine.reset_peak()  # freed heap handed back, VmHWM reset to the current VmRSS
+        before = machine.resident_kib()
         _forward_backward(module, ids, mask)
-        rises.append(_status_kb("VmHWM") - before)
+        rises.append(machine.peak_resident_kib() - before)
     return statistics.median(rises) / 1024
 
 
@@ -255,7 +239,7 @@ def _peak_in_fresh_process(*args) -> float | None:
 def step_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: int, rows: int, length: int,
               docs: int, seed: int, gemm: float, min_seconds: float) -> list[dict]:
     ids, mask = step_batch(model_dir, synthetic_docs(docs, seed), rows, length)
-    modules = {kind: _frozen_table(load_module(kind, model_dir, source_dir))
+    modules = {kind: load_module(kind, model_dir, source_dir)
                for kind in ("encoder_study", "transformers")}
     calls = {f"{kind}, forward + backward": (lambda m=m: _forward_backward(m, ids, mask))
              for kind, m in modules.items()}
@@ -276,13 +260,11 @@ def words_part(model_dir: Path, docs: list[Doc], threads: int, gemm: float, min_
     module = encoder.encoder
 
     def words():
-        for p in module.parameters():
-            p.grad = None
+        module.zero_grad(set_to_none=True)
         torch.cat(encoder(docs)).pow(2).mean().backward()
 
     def modules():
-        for p in module.parameters():
-            p.grad = None
+        module.zero_grad(set_to_none=True)
         sum(module(ids, mask).pow(2).mean() for ids, mask in batches).backward()
 
     return _part("words", {"modules on the recorded batches": modules, "TrainableEncoder": words},

@@ -30,13 +30,12 @@ The graph is written by `onnx.patch` (only the changed initializers' bytes diffe
 from __future__ import annotations
 
 import os
-import resource
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from . import files, manifest, perf, plots, tables
+from . import files, machine, manifest, perf, plots, tables
 from .data import conllu
 from .onnx import names, patch
 from .onnx.patch import WritebackError
@@ -203,45 +202,7 @@ def save_with_graph(tagger, path: str | os.PathLike, training: dict | None = Non
 
 
 def _mib(kib: int) -> float:
-    return kib / 1024.0  # ru_maxrss is in KiB on Linux
-
-
-def _peak_kib() -> int:
-    """The peak resident set (VmHWM, which _reset_peak resets); ru_maxrss where /proc is not there."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            return next(int(line.split()[1]) for line in handle if line.startswith("VmHWM:"))
-    except (OSError, StopIteration, ValueError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def _resident_kib() -> int:
-    """The resident set now (VmRSS); 0 where /proc is not there."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
-    except (OSError, StopIteration, ValueError):
-        return 0
-
-
-def _reset_peak() -> bool:
-    """Reset the peak resident set to the current one (Linux: `5` to /proc/self/clear_refs), so that
-    ru_maxrss afterwards is the peak of what follows and not of loading before it.
-
-    Freed heap is first given back to the system (glibc's malloc_trim): otherwise pages freed after
-    loading stay resident, the write reuses them, and its cost would not show in the peak."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc: the peak may understate the write
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
-            handle.write("5")
-        return True
-    except OSError:
-        return False
+    return kib / 1024.0
 
 
 def pipeline_inputs(inline: str | os.PathLike) -> list:
@@ -253,19 +214,19 @@ def pipeline_inputs(inline: str | os.PathLike) -> list:
 
 def write_pipeline(inline: str | os.PathLike, out: str | os.PathLike, threads: int) -> dict:
     """Write `out` and its graph from a fine-tuned run's inline pipeline; what was done, and the memory."""
-    start = _peak_kib()
+    start = machine.peak_resident_kib()
     tagger = pipeline.load(inline, threads=threads)
     if not tagger.trainable_encoder:
         raise pipeline.PipelineError(f"{inline}: a {tagger.kind!r} pipeline; only a fine-tuned run's "
                                      "(transformer-trainable) has weights to write into a graph")
-    loaded = _peak_kib()
+    loaded = machine.peak_resident_kib()
     training = dict(pipeline.training_summary(inline) or {})
     training["inline_pipeline_sha256"] = files.sha256_file(inline)
-    reset = _reset_peak()
-    resident = _resident_kib()
+    reset = machine.reset_peak()
+    resident = machine.resident_kib()
     saved = save_with_graph(tagger, out, training=training)
     return {"saved": saved, "peak_start_kib": start, "peak_loaded_kib": loaded, "peak_reset": reset,
-            "resident_before_write_kib": resident, "peak_write_kib": _peak_kib(),
+            "resident_before_write_kib": resident, "peak_write_kib": machine.peak_resident_kib(),
             "graph_bytes": saved.graph.stat().st_size,
             "source_bytes": (tagger.encoder.model_dir / manifest.ONNX_FILE).stat().st_size}
 
