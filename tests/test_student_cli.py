@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from test_distill import Crash, crash_before
+from test_student_distill import Crash, crash_before
 
 from conftest import ROOT
 from encoder_study import cli, manifest, trainable
@@ -23,7 +23,7 @@ TRAINING = {"steps": 6, "batch_windows": 4, "window_lengths": [16, 24], "chunk_s
 STOPPED = """
 import sys
 from encoder_study import cli
-from encoder_study.distill import train
+from encoder_study.student import train
 real = train._Run.train_step
 def train_step(self):
     if self.step == 4:
@@ -42,7 +42,7 @@ def student(*argv: str) -> int:
 
 
 def train_argv(teacher, out, udhr=True) -> list[str]:
-    return ["train", "--teacher-dir", str(teacher),
+    return ["distill", "--teacher-dir", str(teacher),
             "--tatoeba", str(ROOT / "config/texts/tatoeba_sample.tsv"),
             *(["--udhr", str(ROOT / "config/texts/udhr_sample")] if udhr else []),
             "--student", json.dumps(SHAPE), "--training", json.dumps(TRAINING),
@@ -115,7 +115,7 @@ def test_bad_settings_are_refused_with_a_message(distilled, tmp_path, capsys):
     argv[argv.index("--training") + 1] = json.dumps({"stpes": 3})
     assert student(*argv) == 2
     err = capsys.readouterr().err
-    assert "encoder-study student train: error:" in err and "stpes" in err
+    assert "encoder-study student distill: error:" in err and "stpes" in err
     assert not list(tmp_path.iterdir())
 
 

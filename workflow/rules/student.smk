@@ -1,8 +1,8 @@
 # Recipe `student`: a small encoder distilled from the teacher (hidden-state distillation), exported like
 # every other encoder into results/models/<student>, and checked against PyTorch. The tagging and
 # write-back recipes use it as a model (model_files(STUDENT) in common.smk).
-# Rule file workflow/rules/student.smk; command `encoder-study student train|export|parity`
-# (encoder_study.commands.student); library encoder_study.distill (architecture, data, objective, train,
+# Rule file workflow/rules/student.smk; command `encoder-study student distill|export|parity`
+# (encoder_study.commands.student); library encoder_study.student (architecture, data, objective, train,
 # export).
 
 
@@ -10,7 +10,7 @@ rule student_distill:
     input:
         teacher=model_files(STUDENT_CFG["teacher"]),
         corpus=student_corpus_inputs,
-        code=lib_code("student", "train"),
+        code=lib_code("student", "distill"),
     output:
         weights="results/student/student.pt",
         log=report("results/student/training.csv", caption="../report/student/training_log.rst",
@@ -42,7 +42,7 @@ rule student_distill:
     conda:
         CONDA_ENV
     shell:
-        "{params.launcher} student train --teacher-dir {params.teacher_dir:q} {params.corpus}"
+        "{params.launcher} student distill --teacher-dir {params.teacher_dir:q} {params.corpus}"
         " --student {params.student:q} --training {params.training:q} --checkpoint {params.checkpoint:q}"
         " --out {output.weights:q} --loss-log {output.log:q} --plot {output.plot:q}"
         " --threads {threads} --device {params.device} --precision {params.precision}"

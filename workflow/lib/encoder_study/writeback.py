@@ -90,7 +90,7 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     a changed table is written with the row folded in and the token-type table zeroed (the same sums);
     an unchanged one is left out, so the graph keeps its own two tables.
 
-    A distilled student's graph (`trainable.postnorm.is_student`; see encoder_study.distill.export)
+    A distilled student's graph (`trainable.postnorm.is_student`; see encoder_study.student.export)
     holds every weight as a named initializer, linear weights [in, out]: each goes back under its own
     name, transposed, the projection and the positions included (unchanged values leave the bytes as
     they were).

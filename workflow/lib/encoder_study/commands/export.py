@@ -99,11 +99,11 @@ def check(args) -> int:
 
 
 def table(args) -> int:
-    from .. import export_table
+    from .. import exports
 
     with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
         frag.inputs += args.manifests
-        rows = export_table.write(args.manifests, args.out, args.markdown)
+        rows = exports.write(args.manifests, args.out, args.markdown)
         frag.outputs += [args.out, args.markdown]
-        frag.table("Exports", export_table.markdown_text(rows))
+        frag.table("Exports", exports.markdown_text(rows))
     return 0

@@ -1,6 +1,6 @@
-"""`encoder-study student train|export|parity`: the student recipe (library: encoder_study.distill).
+"""`encoder-study student distill|export|parity`: the student recipe (library: encoder_study.student).
 
-    encoder-study student train --teacher-dir results/models/minilm --tatoeba T --udhr U \\
+    encoder-study student distill --teacher-dir results/models/minilm --tatoeba T --udhr U \\
         --student '{"layers": 3, ...}' --training '{"steps": 300, "chunk_steps": 150, ...}' \\
         --checkpoint results/checkpoints/student/distill.pt --out results/student/student.pt \\
         --loss-log results/student/training.csv --plot results/student/training.png --threads 1 \\
@@ -11,7 +11,7 @@
     encoder-study student parity --student results/student/student.pt --export-dir results/models/student \\
         --texts results/texts/parity_texts.jsonl --out results/student/parity.csv --threads 1 --provenance P
 
-`train` saves its checkpoint every `chunk_steps` steps and goes on; run after a crash, it resumes from
+`distill` saves its checkpoint every `chunk_steps` steps and goes on; run after a crash, it resumes from
 the checkpoint, and once every output is written it removes it. Under `torchrun` every rank runs
 the command and only rank 0 writes outputs, the provenance fragment, and removes the checkpoint.
 """
@@ -43,10 +43,10 @@ def _short(value):
     return f"{value:.4g}" if isinstance(value, float) else value
 
 
-def train(args) -> int:
+def distill(args) -> int:
     from .. import machine, tables
-    from ..distill import data
-    from ..distill import train as distill
+    from ..student import data
+    from ..student import distill as library
 
     threads = machine.torch_threads(args.threads)
     training = {**args.training, "threads": threads}
@@ -63,18 +63,18 @@ def train(args) -> int:
             documents, amounts = list(data.streamed_documents(sources)), args.amounts
         else:
             documents, amounts = data.embedded_documents(args.tatoeba, args.udhr), None
-        rows = distill.distill(args.teacher_dir, documents, args.student, training, args.checkpoint, args.out,
+        rows = library.distill(args.teacher_dir, documents, args.student, training, args.checkpoint, args.out,
                                amounts=amounts, device=args.device, precision=args.precision,
                                progress=rank_zero)
         if frag is None:
             return 0
-        distill.write_log(rows, args.loss_log)
-        distill.plot_loss(rows, args.plot)
+        library.write_log(rows, args.loss_log)
+        library.plot_loss(rows, args.plot)
         frag.inputs += [Path(args.teacher_dir) / n for n in TEACHER_FILES]
         frag.inputs += [p for p in (args.tatoeba, args.udhr) if p]
         frag.outputs += [args.out, args.loss_log, args.plot]
         frag.table("Training log", tables.markdown_table(
-            list(distill.LOG_COLUMNS), [[_short(r[c]) for c in distill.LOG_COLUMNS] for r in rows]))
+            list(library.LOG_COLUMNS), [[_short(r[c]) for c in library.LOG_COLUMNS] for r in rows]))
         frag.note(f"{len(documents)} documents; the written student is the moving average of the weights")
     Path(args.checkpoint).unlink(missing_ok=True)  # every output is written: nothing left to resume
     return 0
@@ -82,8 +82,8 @@ def train(args) -> int:
 
 def export(args) -> int:
     from .. import files, machine
-    from ..distill import export as student_export
-    from ..distill import train as distill
+    from ..student import distill
+    from ..student import export as student_export
 
     threads = machine.usable_threads(args.threads)
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
@@ -106,18 +106,18 @@ def export(args) -> int:
 def parity(args) -> int:
     from .. import files, machine, tables
     from ..data import texts
-    from ..distill import export as student_export
-    from ..distill import train as distill
+    from ..student import distill
+    from ..student import parity as student_parity
 
     threads = machine.torch_threads(args.threads)
     markdown_path = Path(args.out).with_suffix(".md")
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
         encoder, _ = distill.load_student(args.student)
         records = texts.read_jsonl(args.texts)
-        rows = student_export.student_parity(encoder, args.export_dir, [r["text"] for r in records],
+        rows = student_parity.parity(encoder, args.export_dir, [r["text"] for r in records],
                                              threads=threads)
-        files.write_text(args.out, tables.csv_text(rows, student_export.PARITY_COLUMNS))
-        markdown = student_export.parity_markdown(rows)
+        files.write_text(args.out, tables.csv_text(rows, student_parity.PARITY_COLUMNS))
+        markdown = student_parity.parity_markdown(rows)
         files.write_text(markdown_path, markdown)
         frag.inputs += [args.student, args.texts, *(Path(args.export_dir) / n for n in TEACHER_FILES)]
         frag.outputs += [args.out, markdown_path]
@@ -130,8 +130,8 @@ def parser() -> argparse.ArgumentParser:
                                      description="distil, export and check the student encoder")
     sub = result.add_subparsers(required=True)
 
-    p = sub.add_parser("train", help="distil the student from the teacher (resumes from its checkpoint)")
-    p.set_defaults(run=train)
+    p = sub.add_parser("distill", help="distil the student from the teacher (resumes from its checkpoint)")
+    p.set_defaults(run=distill)
     provenance.add_arguments(p)
     p.add_argument("--teacher-dir", required=True, help="results/models/<teacher> (an export)")
     p.add_argument("--tatoeba", help="the embedded corpus: Tatoeba-format sentences")

@@ -5,7 +5,7 @@ Token + learned position embeddings, layer norm, then post-norm layers:
     x = norm(x + W2(gelu(W1 x)))
 with biases everywhere and exact (erf) GELU. The reference is transformers' modeling_bert.py.
 
-The distilled student (encoder_study.distill) is this family with a factorised token table; its graph
+The distilled student (encoder_study.student) is this family with a factorised token table; its graph
 names every weight itself, linear weights stored [in, out]. This module owns that layout (`is_student`,
 `student_names`, `student_linear`, `_from_student_graph`).
 """
@@ -24,7 +24,7 @@ from .graph import ANONYMOUS, Graph, GraphError
 TOKENS = "embeddings.word_embeddings.weight"
 POSITIONS = "embeddings.position_embeddings.weight"
 TOKEN_TYPES = "embeddings.token_type_embeddings.weight"
-# The distilled student's layout (encoder_study.distill.export): a factorised table lifted by this linear
+# The distilled student's layout (encoder_study.student.export): a factorised table lifted by this linear
 # map, every linear weight a named initializer stored [in, out], positions from 0, no token types.
 PROJECTION = "embeddings.projection.weight"
 
@@ -195,7 +195,7 @@ def from_graph(graph: Graph, weights: dict, prefix: str, config: dict, *, heads:
 
 
 # -- the distilled student's layout: the one owner of its names --------------------------------------
-# encoder_study.distill.export writes this layout, `_from_student_graph` reads it, trainable's family
+# encoder_study.student.export writes this layout, `_from_student_graph` reads it, trainable's family
 # detection and encoder_study.writeback recognise it with `is_student`, and the writeback stage writes
 # weights back into it with `student_names` and `student_linear`.
 
@@ -205,7 +205,7 @@ def is_student(names, prefix: str = "") -> bool:
     return prefix + PROJECTION in names
 
 
-# The student's names (after the wrapper prefix), ours -> theirs; see encoder_study.distill.export.
+# The student's names (after the wrapper prefix), ours -> theirs; see encoder_study.student.export.
 _STUDENT_PARTS = {"query": "attention.query", "key": "attention.key", "value": "attention.value",
                   "attn_out": "attention.output", "attn_norm": "attention.LayerNorm",
                   "ff_in": "intermediate", "ff_out": "output", "ff_norm": "output.LayerNorm"}

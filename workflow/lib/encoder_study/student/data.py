@@ -35,7 +35,7 @@ import torch
 
 from ..data import texts
 from ..tokens import PieceTokenizer
-from . import DistillError
+from . import StudentError
 
 TRAIN_STREAM, STATS_STREAM = 0, 1  # separate draws for training batches and the statistics sample
 
@@ -69,7 +69,7 @@ def language_weights(amounts: Mapping[str, float], power: float) -> dict[str, fl
     sorted by language code."""
     kept = {lang: float(amounts[lang]) for lang in sorted(amounts) if amounts[lang] > 0}
     if not kept:
-        raise DistillError("no language has any text")
+        raise StudentError("no language has any text")
     raw = {lang: amount ** power for lang, amount in kept.items()}
     total = math.fsum(raw.values())
     return {lang: value / total for lang, value in raw.items()}
@@ -84,7 +84,7 @@ class Corpus:
                         if len(streams[lang])}
         missing = sorted(set(self.streams) - set(amounts))
         if missing:
-            raise DistillError(f"no amount of text given for languages {missing}")
+            raise StudentError(f"no amount of text given for languages {missing}")
         self.weights = language_weights({lang: amounts[lang] for lang in self.streams}, power)
         self.langs = list(self.weights)
         self.prefix = np.asarray(prefix, dtype=np.int64)
@@ -97,7 +97,7 @@ class Corpus:
         """Encode every document (in the given order) and join each language's into one stream."""
         documents = list(documents)
         if not documents:
-            raise DistillError("the distillation corpus has no documents")
+            raise StudentError("the distillation corpus has no documents")
         encoded = tokenizer.encode_many([doc.text for doc in documents])
         separator = np.asarray(tokenizer.suffix, dtype=np.int64)
         parts: dict[str, list[np.ndarray]] = {}
@@ -123,7 +123,7 @@ class Corpus:
         specials = len(self.prefix) + len(self.suffix)
         size = length - specials
         if size < 1:
-            raise DistillError(f"window length {length} leaves no room beside {specials} special tokens")
+            raise StudentError(f"window length {length} leaves no room beside {specials} special tokens")
         stream = self.streams[lang]
         start = int(rng.integers(0, len(stream) - size + 1)) if len(stream) > size else 0
         return np.concatenate([self.prefix, stream[start:start + size], self.suffix])
@@ -180,9 +180,9 @@ class StreamSource:
     def from_dict(cls, values: Mapping) -> StreamSource:
         source = cls(**values)
         if not source.revision or not isinstance(source.revision, str):
-            raise DistillError(f"{source.dataset}: a streamed source needs a pinned revision (a commit hash)")
+            raise StudentError(f"{source.dataset}: a streamed source needs a pinned revision (a commit hash)")
         if source.max_documents < 1:
-            raise DistillError(f"{source.dataset}: max_documents must be positive, "
+            raise StudentError(f"{source.dataset}: max_documents must be positive, "
                                f"got {source.max_documents}")
         return source
 

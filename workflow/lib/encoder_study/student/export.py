@@ -36,19 +36,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import files, machine, manifest, provenance, tables
+from .. import files, machine, manifest, provenance
 from ..runtime import CHECK_TEXT, DYNAMIC_AXES, INPUTS, OUTPUT, ort_session, pad_batch
 from ..trainable.postnorm import PostNormEncoder, student_names
-from . import DistillError
+from . import StudentError
 
 MODEL_TYPE = "encoder_study_student"
 SOURCE = "student"
-PARITY_COLUMNS = ["model", "comparison", "tokens", "max_abs", "mean_abs", "max_value", "min_cos",
-                  "batch_equal"]
-PARITY_COMPARISONS = ("trainable vs pytorch", "graph runtime vs pytorch")
-# results/student/parity.md: the shared parity columns between the comparison and the batch check.
-PARITY_MARKDOWN = (("model", "model", ""), ("comparison", "comparison", ""), *tables.PARITY_COLUMNS,
-                   ("batch_equal", "batches = alone", "yes"))
+# The manifest's id of the graph module: stable across the package's rename (distill -> student), so
+# that a student exported before and after it has the same manifest.
+GRAPH_ID = "encoder_study.distill.export.StudentGraph"
+
 
 
 # -- the export-only module -------------------------------------------------------------------------
@@ -174,11 +172,11 @@ def check_student(encoder) -> None:
     """Refuse what the student layout cannot express (the graph would silently compute something else)."""
     s = getattr(encoder, "settings", None)
     if not isinstance(encoder, PostNormEncoder) or s is None or not s.embedding_width:
-        raise DistillError("the student export takes a trainable.PostNormEncoder with a factorised token "
-                           "table (settings.embedding_width); encoder_study.distill.architecture.build "
+        raise StudentError("the student export takes a trainable.PostNormEncoder with a factorised token "
+                           "table (settings.embedding_width); encoder_study.student.architecture.build "
                            "makes one")
     if s.position_offset != 0 or s.position_pad_id is not None:
-        raise DistillError(f"the student's positions start at row 0 (got offset {s.position_offset}, pad id "
+        raise StudentError(f"the student's positions start at row 0 (got offset {s.position_offset}, pad id "
                            f"{s.position_pad_id}); the exported graph has no other position scheme")
 
 
@@ -203,7 +201,7 @@ def _teacher(teacher_dir: Path) -> tuple[Path, dict, dict]:
     """(tokenizer path, teacher manifest or {}, teacher config or {}); an export directory is verified."""
     tokenizer = teacher_dir / manifest.TOKENIZER_FILE
     if not tokenizer.is_file():
-        raise DistillError(f"{teacher_dir}: no {manifest.TOKENIZER_FILE}; give the teacher's export "
+        raise StudentError(f"{teacher_dir}: no {manifest.TOKENIZER_FILE}; give the teacher's export "
                            "directory")
     record = manifest.verified_model(teacher_dir) if (teacher_dir / manifest.MANIFEST).is_file() else {}
     config = {}
@@ -246,10 +244,10 @@ def _check_round_trip(encoder: PostNormEncoder, onnx_path: Path) -> None:
     theirs = dict(again.named_parameters())
     for name, param in encoder.named_parameters():
         if not torch.equal(param.detach().float(), theirs[name].detach()):
-            raise DistillError(f"{onnx_path}: {name} does not read back from the graph as exported; "
+            raise StudentError(f"{onnx_path}: {name} does not read back from the graph as exported; "
                                "nothing was written")
     if again.settings_dict() != dict(encoder.settings_dict(), freeze_embeddings=False):
-        raise DistillError(f"{onnx_path}: settings read back as {again.settings_dict()}, exported "
+        raise StudentError(f"{onnx_path}: settings read back as {again.settings_dict()}, exported "
                            f"{encoder.settings_dict()}; nothing was written")
 
 
@@ -273,7 +271,7 @@ def export_student(encoder: PostNormEncoder, teacher_dir: str | os.PathLike, out
     s = encoder.settings
     pieces = Tokenizer.from_file(str(tokenizer_path)).get_vocab_size(with_added_tokens=True)
     if pieces > s.vocab_size:
-        raise DistillError(f"{tokenizer_path}: {pieces} pieces, but the student's table has {s.vocab_size} "
+        raise StudentError(f"{tokenizer_path}: {pieces} pieces, but the student's table has {s.vocab_size} "
                            "rows; the student must have the teacher's whole vocabulary")
     pad = teacher_config.get("pad_token_id")
     pad_id = int(pad) if pad is not None else 0
@@ -299,7 +297,7 @@ def export_student(encoder: PostNormEncoder, teacher_dir: str | os.PathLike, out
         max_value = float(np.abs(reference[real]).max())
         relative = max_abs / max(1.0, max_value)
         if not np.isfinite(relative) or relative > tolerance:
-            raise DistillError(f"student '{name}': ONNX Runtime differs from PyTorch by {max_abs:.3g} "
+            raise StudentError(f"student '{name}': ONNX Runtime differs from PyTorch by {max_abs:.3g} "
                                f"(largest value {max_value:.3g}, relative {relative:.3g} > tolerance "
                                f"{tolerance}); nothing was written")
         shutil.copyfile(tokenizer_path, stage / manifest.TOKENIZER_FILE)
@@ -314,7 +312,7 @@ def export_student(encoder: PostNormEncoder, teacher_dir: str | os.PathLike, out
             "libraries": provenance.library_versions(["torch", "tokenizers", "onnx", "onnxruntime"]),
             "exporter": {
                 "function": "torch.onnx.export", "dynamo": False, "opset": opset,
-                "do_constant_folding": True, "module": "encoder_study.distill.export.StudentGraph",
+                "do_constant_folding": True, "module": GRAPH_ID,
                 "weights": "named initializers, linear weights stored [in, out]",
                 "inputs": {n: {"dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUTS},
                 "outputs": {OUTPUT: {"dtype": "float32", "shape": ["batch", "sequence", "width"]}},
@@ -341,38 +339,3 @@ def export_student(encoder: PostNormEncoder, teacher_dir: str | os.PathLike, out
 def graph_names(layers: int, prefix: str = "model.") -> dict[str, str]:
     """Our parameter name -> the exported initializer's name (the scheme above)."""
     return {ours: prefix + theirs for ours, theirs in student_names(layers).items()}
-
-
-# -- parity ----------------------------------------------------------------------------------------
-
-def student_parity(pytorch_encoder: PostNormEncoder, export_dir: str | os.PathLike, texts: list[str],
-                   threads: int, batch: int = 8) -> list[dict]:
-    """Rows of results/student/parity.csv (`PARITY_COLUMNS`).
-
-    The trainable modules read back from the graph (`trainable.load`), and ONNX Runtime on the graph,
-    each against `pytorch_encoder` (the student that was exported), one text per run over every
-    token; `batch_equal`: padded batches of `batch` give the read-back modules exactly (bitwise) the
-    rows of the texts run alone.
-    """
-    from .. import compare, tokens
-
-    export_dir = Path(export_dir)
-    record = manifest.verified_model(export_dir)
-    config = json.loads((export_dir / manifest.CONFIG_FILE).read_text(encoding="utf-8"))
-    pad = config.get("pad_token_id")
-    pad_id = 0 if pad is None else int(pad)
-    pieces = tokens.TextPieces(export_dir / manifest.TOKENIZER_FILE, int(config["max_position_embeddings"]),
-                               pad_id)
-    model = compare.Pair(record["model"], export_dir / manifest.ONNX_FILE, pytorch_encoder, pieces)
-    was = pytorch_encoder.training
-    try:
-        pytorch_encoder.eval()
-        rows = compare.trainable_parity(model, texts, machine.usable_threads(threads), batch,
-                                       comparisons=PARITY_COMPARISONS)
-    finally:
-        pytorch_encoder.train(was)
-    return [{k: row[k] for k in PARITY_COLUMNS} for row in rows]  # the family is known: postnorm
-
-
-def parity_markdown(rows: list[dict]) -> str:
-    return tables.markdown(rows, PARITY_MARKDOWN)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from encoder_study import tables
-from encoder_study.distill import DistillError, architecture, data, objective, train
+from encoder_study.student import StudentError, architecture, data, distill, objective
 from encoder_study.tokens import PieceTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def test_uniform_layer_map_rounds_half_up_and_ends_at_the_final_state():
                                             ([4, 2, 6], "increasing")])
 def test_given_layer_map_is_checked(given, message):
     assert objective.layer_map(3, 6, [1, 3, 6]) == [1, 3, 6]
-    with pytest.raises(DistillError, match=message):
+    with pytest.raises(StudentError, match=message):
         objective.layer_map(3, 6, given)
 
 
@@ -111,7 +111,7 @@ def _low_rank_table(rows=300, width=12, rank=3, seed=0) -> torch.Tensor:
 
 def test_pca_recovers_a_low_rank_table_with_fixed_signs():
     table = _low_rank_table()
-    reduced, components, mean = train.pca(table, 3)
+    reduced, components, mean = distill.pca(table, 3)
     assert reduced.shape == (300, 3) and components.shape == (3, 12)
     assert (reduced @ components + mean - table).abs().max().item() < 1e-5
     assert torch.allclose(components @ components.T, torch.eye(3), atol=1e-6)
@@ -119,10 +119,10 @@ def test_pca_recovers_a_low_rank_table_with_fixed_signs():
     biggest = components.abs().argmax(dim=1)
     assert (components[torch.arange(3), biggest] > 0).all()
     # Reflecting the table through its mean leaves the covariance, so the signed components, unchanged.
-    again, components_2, _ = train.pca(2 * mean - table, 3)
+    again, components_2, _ = distill.pca(2 * mean - table, 3)
     assert torch.allclose(components_2, components, atol=1e-6)
     assert torch.allclose(again, -reduced, atol=1e-5)
-    assert torch.equal(train.pca(table, 3)[1], components)  # and it is deterministic
+    assert torch.equal(distill.pca(table, 3)[1], components)  # and it is deterministic
 
 
 def test_pca_init_lifts_the_reduced_table_back_when_widths_agree():
@@ -130,7 +130,7 @@ def test_pca_init_lifts_the_reduced_table_back_when_widths_agree():
     config = architecture.StudentConfig(layers=1, width=12, heads=2, intermediate=8, embedding_width=3,
                                         max_positions=8)
     encoder = architecture.build(config, vocab_size=300, seed=0)
-    train.pca_init(encoder, table)
+    distill.pca_init(encoder, table)
     with torch.no_grad():
         lifted = encoder.projection(encoder.tokens.weight)
     assert (lifted - table).abs().max().item() < 1e-5
@@ -140,7 +140,7 @@ def test_ema_known_updates():
     module = torch.nn.Linear(1, 1, bias=False)
     with torch.no_grad():
         module.weight.fill_(1.0)
-    plain, warm = train.EMA(module, 0.5, warmup=False), train.EMA(module, 0.99)
+    plain, warm = distill.EMA(module, 0.5, warmup=False), distill.EMA(module, 0.99)
     with torch.no_grad():
         module.weight.fill_(3.0)
     for ema in (plain, warm):
@@ -238,23 +238,23 @@ def test_streamed_documents_read_pinned_revisions(monkeypatch):
         ("deu", "deu_Latn one"), ("deu", "deu_Latn two"),  # 3 rows read, the blank one skipped
         ("fra", "fra_Latn one"), ("fra", "fra_Latn two"),
         ("fra", "20231101.fr one"), ("fra", "20231101.fr two")]  # 30 characters cap the third
-    with pytest.raises(DistillError, match="pinned revision"):
+    with pytest.raises(StudentError, match="pinned revision"):
         list(data.streamed_documents([{"dataset": "x", "revision": "", "configs": {"fra": "f"}}]))
 
 
 # --- training --------------------------------------------------------------------------------------------
 
 def test_training_config_defaults_keys_and_schedule():
-    config = train.TrainingConfig.from_dict({"steps": 10, "warmup": 2, "lr": 1.0})
+    config = distill.TrainingConfig.from_dict({"steps": 10, "warmup": 2, "lr": 1.0})
     assert [config.lr_at(s) for s in (0, 1, 2)] == [0.5, 1.0, 1.0]
     assert config.lr_at(6) == pytest.approx(0.5)  # linear: halfway through the 8 decay steps
-    cosine = train.TrainingConfig.from_dict({"steps": 10, "warmup": 2, "lr": 1.0, "schedule": "cosine",
+    cosine = distill.TrainingConfig.from_dict({"steps": 10, "warmup": 2, "lr": 1.0, "schedule": "cosine",
                                              "min_lr_ratio": 0.2})
     assert cosine.lr_at(6) == pytest.approx(0.6)
-    chunked = train.TrainingConfig.from_dict({**dataclasses.asdict(cosine), "chunk_steps": 5})
+    chunked = distill.TrainingConfig.from_dict({**dataclasses.asdict(cosine), "chunk_steps": 5})
     assert cosine.identity() == chunked.identity()  # chunks do not change the run
-    with pytest.raises(DistillError, match="unknown keys"):
-        train.TrainingConfig.from_dict({"stepz": 3})
+    with pytest.raises(StudentError, match="unknown keys"):
+        distill.TrainingConfig.from_dict({"stepz": 3})
 
 
 class Crash(Exception):
@@ -263,19 +263,19 @@ class Crash(Exception):
 
 def crash_before(monkeypatch, step: int) -> None:
     """Make the loop die just before it takes step `step` + 1, as a killed job would."""
-    real = train._Run.train_step
+    real = distill._Run.train_step
 
     def train_step(self):
         if self.step == step:
             raise Crash(f"stopped before step {step + 1}")
         real(self)
 
-    monkeypatch.setattr(train._Run, "train_step", train_step)
+    monkeypatch.setattr(distill._Run, "train_step", train_step)
 
 
 def _run(teacher_dir: Path, workdir: Path, chunk_steps: int = 0, **overrides) -> tuple[dict, ...]:
     config = dict(TINY_RUN, chunk_steps=chunk_steps, **overrides)
-    return train.distill(teacher_dir, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT, config,
+    return distill.distill(teacher_dir, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT, config,
                          workdir / "checkpoint.pt", workdir / "student.pt", amounts=None, device=None,
                          progress=False)
 
@@ -313,18 +313,18 @@ def test_a_run_resumed_after_a_crash_gives_the_uninterrupted_weights_bit_for_bit
     saved_c, check_c = _states(once)
     assert all(torch.equal(saved_a["state_dict"][k], saved_c["state_dict"][k]) for k in saved_a["state_dict"])
     assert [c["last_step"] for c in check_c["chunks"]] == [6]
-    train.write_log(saved_a["rows"], tmp_path / "training.csv")
+    distill.write_log(saved_a["rows"], tmp_path / "training.csv")
     table = tables.read_csv(tmp_path / "training.csv")
-    assert list(table[0]) == list(train.LOG_COLUMNS)
+    assert list(table[0]) == list(distill.LOG_COLUMNS)
     assert float(table[-1]["loss"]) == saved_a["rows"][-1]["loss"]
     # The EMA student loads as a post-norm encoder with the factorised table and runs.
-    encoder, record = train.load_student(whole / "student.pt")
+    encoder, record = distill.load_student(whole / "student.pt")
     assert record["layer_map"] == [1, 2] and encoder.settings.embedding_width == 8
     out = encoder(torch.tensor([[2, 5, 6, 3]]), torch.ones(1, 4, dtype=torch.long))
     assert out.shape == (1, 4, 16) and torch.isfinite(out).all()
     # Another run's settings do not resume this checkpoint.
-    with pytest.raises(train.CheckpointError, match="lr"):
-        train.distill(teacher, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT,
+    with pytest.raises(distill.CheckpointError, match="lr"):
+        distill.distill(teacher, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT,
                       dict(TINY_RUN, lr=1e-3), resumed / "checkpoint.pt", resumed / "other.pt", amounts=None,
                       device=None, progress=False)
 
@@ -332,15 +332,15 @@ def test_a_run_resumed_after_a_crash_gives_the_uninterrupted_weights_bit_for_bit
 _RANK = """
 import json, os
 import torch.distributed as dist
-from encoder_study.distill import data, train
+from encoder_study.student import data, distill
 args = json.loads(os.environ["DISTILL_TEST"])
 docs = data.embedded_documents(args["tatoeba"], args["udhr"])
-right = train.shard
+right = distill.shard
 for name, shard in (("right", right), ("wrong", lambda rank, world: slice(0, None, world))):
-    train.shard = shard  # "wrong": every rank takes rank 0's windows
+    distill.shard = shard  # "wrong": every rank takes rank 0's windows
     out = os.path.join(args["dir"], name)
     os.makedirs(out, exist_ok=True)
-    train.distill(args["teacher"], docs, args["student"], args["run"], os.path.join(out, "checkpoint.pt"),
+    distill.distill(args["teacher"], docs, args["student"], args["run"], os.path.join(out, "checkpoint.pt"),
                   os.path.join(out, "student.pt"), amounts=None, device=None, progress=False)
 dist.destroy_process_group()
 """
@@ -401,22 +401,22 @@ def test_two_ranks_match_one_process_over_the_global_batch(tiny_exports, tmp_pat
 # --- device, precision, progress -------------------------------------------------------------------------
 
 def test_device_choices_resolve_and_cuda_is_refused_without_a_gpu(monkeypatch):
-    assert train.resolve_device("cpu", 1) == torch.device("cpu")
+    assert distill.resolve_device("cpu", 1) == torch.device("cpu")
     with monkeypatch.context() as patch:  # what auto and cuda give on a GPU node: the rank's GPU
         patch.setattr(torch.cuda, "is_available", lambda: True)
-        assert train.resolve_device("auto", 1) == torch.device("cuda", 1)
-        assert train.resolve_device(None, 0) == torch.device("cuda", 0)
-        assert train.resolve_device("cuda", 1) == torch.device("cuda", 1)
-        assert train.resolve_device("cpu", 1) == torch.device("cpu")
+        assert distill.resolve_device("auto", 1) == torch.device("cuda", 1)
+        assert distill.resolve_device(None, 0) == torch.device("cuda", 0)
+        assert distill.resolve_device("cuda", 1) == torch.device("cuda", 1)
+        assert distill.resolve_device("cpu", 1) == torch.device("cpu")
     with monkeypatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: False)
-        assert train.resolve_device("auto", 1) == torch.device("cpu")
-        with pytest.raises(DistillError, match="sees no CUDA device.*envs/torch-cuda.txt"):
-            train.resolve_device("cuda")
-    with pytest.raises(DistillError, match="expected one of"):
-        train.resolve_device("gpu")
-    with pytest.raises(DistillError, match="expected one of"):
-        train.check_precision("fp16", torch.device("cpu"))
+        assert distill.resolve_device("auto", 1) == torch.device("cpu")
+        with pytest.raises(StudentError, match="sees no CUDA device.*envs/torch-cuda.txt"):
+            distill.resolve_device("cuda")
+    with pytest.raises(StudentError, match="expected one of"):
+        distill.resolve_device("gpu")
+    with pytest.raises(StudentError, match="expected one of"):
+        distill.check_precision("fp16", torch.device("cpu"))
 
 
 def test_cuda_determinism_fixes_the_cublas_workspace_before_cuda_starts(monkeypatch):
@@ -425,8 +425,8 @@ def test_cuda_determinism_fixes_the_cublas_workspace_before_cuda_starts(monkeypa
     before = (cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
     try:  # set by hand and restored by hand: cuBLAS's module object cannot be monkeypatched
         cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = False, True, True, True
-        train.cuda_determinism()
-        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == train.CUBLAS_WORKSPACE
+        distill.cuda_determinism()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == distill.CUBLAS_WORKSPACE
         assert cudnn.deterministic and not cudnn.benchmark
         assert not cudnn.allow_tf32 and not matmul.allow_tf32
     finally:
@@ -435,7 +435,7 @@ def test_cuda_determinism_fixes_the_cublas_workspace_before_cuda_starts(monkeypa
 
 def _distill(teacher, workdir, run=TINY_RUN, **kwargs):
     options = {"amounts": None, "device": "cpu", "progress": False, **kwargs}
-    return train.distill(teacher, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT, run,
+    return distill.distill(teacher, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT, run,
                          workdir / "checkpoint.pt", workdir / "student.pt", **options)
 
 
@@ -468,12 +468,12 @@ def test_a_checkpoint_resumes_only_on_its_device_type_and_precision(tiny_exports
             _distill(teacher, tmp_path, run, device="cpu")
     checkpoint = tmp_path / "checkpoint.pt"
     assert torch.load(checkpoint, weights_only=True)["step"] == 2
-    with pytest.raises(train.CheckpointError, match="precision: 'fp32' then, 'bf16' now"):
+    with pytest.raises(distill.CheckpointError, match="precision: 'fp32' then, 'bf16' now"):
         _distill(teacher, tmp_path, run, precision="bf16")
     state = torch.load(checkpoint, weights_only=True)
     state["fingerprint"]["device"] = "cuda"
     torch.save(state, checkpoint)
-    with pytest.raises(train.CheckpointError, match="device: 'cuda' then, 'cpu' now"):
+    with pytest.raises(distill.CheckpointError, match="device: 'cuda' then, 'cpu' now"):
         _distill(teacher, tmp_path, run, device="cpu")
     assert not (tmp_path / "student.pt").exists()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from encoder_study import cli, export_table, files, provenance, tables
+from encoder_study import cli, exports, files, provenance, tables
 
 SHA = {name: f"{i:064x}" for i, name in enumerate(["graph", "data", "tok", "student"], start=1)}
 
@@ -46,7 +46,7 @@ def _manifests(tmp_path: Path) -> list[Path]:
 
 
 def test_rows_name_each_source_kind_the_student_and_the_retrieval_graph(tmp_path):
-    rows = [export_table.row(m) for m in _manifests(tmp_path)]
+    rows = [exports.row(m) for m in _manifests(tmp_path)]
     got = [(r["export"], r["role"], r["source_kind"], r["source"], r["opset"]) for r in rows]
     assert got == [
         ("xlmr", "encoder", "hf", "FacebookAI/xlm-roberta-base@e73636d", 17),
@@ -71,7 +71,7 @@ def test_command_writes_csv_markdown_and_a_fragment(tmp_path):
         assert cli.main(["export", "table", "--out", str(out), "--markdown", str(md),
                          "--provenance", str(frag), *manifests]) == 0
     rows = tables.read_csv(out)
-    assert list(rows[0]) == list(export_table.COLUMNS) and len(rows) == 6
+    assert list(rows[0]) == list(exports.COLUMNS) and len(rows) == 6
     assert rows[1]["onnx_bytes"] == "100" and rows[1]["manifest"] == manifests[1]
     assert "| retrieval | retrieval graph | hf | BAAI/bge-m3@5617a9f | 18 | 1,000 |" in md.read_text()
     record = provenance.read_record(provenance.twin(frag))
@@ -80,17 +80,17 @@ def test_command_writes_csv_markdown_and_a_fragment(tmp_path):
 
 
 def test_bad_manifests_are_refused_with_their_name(tmp_path):
-    with pytest.raises(export_table.ExportTableError, match="missing: export the model first"):
-        export_table.row(tmp_path / "none/export.json")
+    with pytest.raises(exports.ExportTableError, match="missing: export the model first"):
+        exports.row(tmp_path / "none/export.json")
     bad = _manifest(tmp_path / "bad/export.json", model="x", source={"kind": "ftp"})
-    with pytest.raises(export_table.ExportTableError, match="unknown source kind 'ftp'"):
-        export_table.row(bad)
+    with pytest.raises(exports.ExportTableError, match="unknown source kind 'ftp'"):
+        exports.row(bad)
     old = _manifest(tmp_path / "old/export.json", model="x", source={"kind": "tiny"})
-    with pytest.raises(export_table.ExportTableError, match=r"old/export.json: no 'architecture' entry"):
-        export_table.row(old)
+    with pytest.raises(exports.ExportTableError, match=r"old/export.json: no 'architecture' entry"):
+        exports.row(old)
     one = _manifests(tmp_path)[0]
-    with pytest.raises(export_table.ExportTableError, match="same export"):
-        export_table.write([one, one], tmp_path / "t.csv", tmp_path / "t.md")
+    with pytest.raises(exports.ExportTableError, match="same export"):
+        exports.write([one, one], tmp_path / "t.csv", tmp_path / "t.md")
     assert not (tmp_path / "t.csv").exists()
 
 

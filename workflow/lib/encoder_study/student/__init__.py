@@ -3,5 +3,5 @@
 from ..errors import UserError
 
 
-class DistillError(UserError):
+class StudentError(UserError):
     """A setting, corpus or file the distillation cannot use: the message names it and the fix."""

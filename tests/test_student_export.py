@@ -14,11 +14,12 @@ import torch
 from onnx import numpy_helper
 
 from encoder_study import manifest, trainable, writeback
-from encoder_study.distill import DistillError
-from encoder_study.distill import export as student_export
-from encoder_study.distill.architecture import StudentConfig, build, parameter_count
 from encoder_study.frozen import FrozenEncoder
 from encoder_study.onnx import patch
+from encoder_study.student import StudentError
+from encoder_study.student import export as student_export
+from encoder_study.student import parity as student_parity
+from encoder_study.student.architecture import StudentConfig, build, parameter_count
 from encoder_study.tokens import Doc
 from encoder_study.trainable import GraphError
 from encoder_study.trainable.words import TrainableEncoder
@@ -121,9 +122,9 @@ def test_build_is_deterministic_and_bert_initialised(vocab):
         else:
             assert not torch.equal(x, z) and abs(float(x.std()) - 0.02) < 0.005, name
     assert a.training and all(p.requires_grad for p in a.parameters())
-    with pytest.raises(DistillError, match="unknown keys"):
+    with pytest.raises(StudentError, match="unknown keys"):
         StudentConfig.from_dict({**STUDY, "hidden": 3})
-    with pytest.raises(DistillError, match="heads"):
+    with pytest.raises(StudentError, match="heads"):
         StudentConfig.from_dict({**STUDY, "heads": 7})
 
 
@@ -188,14 +189,14 @@ def test_export_is_deterministic_and_refuses_without_publishing(student, exporte
     for name in (*manifest.MODEL_FILES, manifest.MANIFEST):
         assert (again / name).read_bytes() == (exported / name).read_bytes(), name
     refused = tmp_path / "refused"
-    with pytest.raises(DistillError, match="tolerance"):
+    with pytest.raises(StudentError, match="tolerance"):
         student_export.export_student(student, teacher, refused, distillation=NO_RECORD,
                                       **{**EXPORT, "tolerance": -1.0})
-    with pytest.raises(DistillError, match="factorised"):
+    with pytest.raises(StudentError, match="factorised"):
         student_export.export_student(trainable.load(teacher), teacher, refused, distillation=NO_RECORD,
                                       **EXPORT)
     small = build(SMALL, 100, 0)
-    with pytest.raises(DistillError, match="whole vocabulary"):
+    with pytest.raises(StudentError, match="whole vocabulary"):
         student_export.export_student(small, teacher, refused, distillation=NO_RECORD, **EXPORT)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # no output, no staging left
 
@@ -313,10 +314,10 @@ def test_writeback_perturbed_graph_equals_the_modules(exported, tmp_path, tokens
 
 
 def test_student_parity(student, exported):
-    rows = student_export.student_parity(student, exported, TEXTS, threads=1, batch=3)
+    rows = student_parity.parity(student, exported, TEXTS, threads=1, batch=3)
     assert [r["comparison"] for r in rows] == ["trainable vs pytorch", "graph runtime vs pytorch"]
     for r in rows:
-        assert set(r) == set(student_export.PARITY_COLUMNS)
+        assert set(r) == set(student_parity.PARITY_COLUMNS)
         assert r["tokens"] > 40 and r["max_abs"] < 1e-5 and r["min_cos"] > 0.99999 and r["batch_equal"]
     assert rows[0]["max_abs"] == 0.0  # the same modules with the same weights: the same bits
-    assert "graph runtime vs pytorch" in student_export.parity_markdown(rows)
+    assert "graph runtime vs pytorch" in student_parity.parity_markdown(rows)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..trainable.postnorm import PostNormEncoder, PostNormSettings
-from . import DistillError
+from . import StudentError
 
 INIT_STD = 0.02  # BERT's initializer_range
 
@@ -35,13 +35,13 @@ class StudentConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> StudentConfig:
-        """From a config mapping; unknown or missing keys raise DistillError naming them."""
+        """From a config mapping; unknown or missing keys raise StudentError naming them."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(fields))
         missing = sorted(n for n, f in fields.items()
                          if n not in values and f.default is dataclasses.MISSING)
         if unknown or missing:
-            raise DistillError(f"student config: unknown keys {unknown}, missing keys {missing}; "
+            raise StudentError(f"student config: unknown keys {unknown}, missing keys {missing}; "
                                f"expected {sorted(fields)}")
         config = cls(**{n: (float(v) if n == "eps" else int(v)) for n, v in values.items()})
         config.check()
@@ -50,11 +50,11 @@ class StudentConfig:
     def check(self) -> None:
         for name in ("layers", "width", "heads", "intermediate", "embedding_width", "max_positions"):
             if getattr(self, name) < 1:
-                raise DistillError(f"student config: {name} must be positive, got {getattr(self, name)}")
+                raise StudentError(f"student config: {name} must be positive, got {getattr(self, name)}")
         if self.width % self.heads:
-            raise DistillError(f"student config: width {self.width} does not split into {self.heads} heads")
+            raise StudentError(f"student config: width {self.width} does not split into {self.heads} heads")
         if not self.eps > 0:
-            raise DistillError(f"student config: eps must be positive, got {self.eps}")
+            raise StudentError(f"student config: eps must be positive, got {self.eps}")
 
     def settings(self, vocab_size: int, freeze_embeddings: bool = False) -> PostNormSettings:
         return PostNormSettings(

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import DistillError
+from . import StudentError
 
 NORM_EPS = 1e-5   # of the per-token layer norm of intermediate targets
 STD_FLOOR = 1e-6  # a feature that never varies is divided by this, not by zero
@@ -39,7 +39,7 @@ def layer_map(student_layers: int, teacher_layers: int, given: Sequence[int] | N
     1..T, strictly increasing.
     """
     if student_layers < 1 or teacher_layers < 1:
-        raise DistillError(f"layer counts must be positive, got student {student_layers}, "
+        raise StudentError(f"layer counts must be positive, got student {student_layers}, "
                            f"teacher {teacher_layers}")
     if given is None:
         # Integer arithmetic: floor(i*T/S + 1/2) without float rounding at exact halves.
@@ -48,15 +48,15 @@ def layer_map(student_layers: int, teacher_layers: int, given: Sequence[int] | N
         return mapping + [teacher_layers]
     mapping = [int(v) for v in given]
     if any(v != g for v, g in zip(mapping, given, strict=True)):
-        raise DistillError(f"layer_map {list(given)}: entries must be integers")
+        raise StudentError(f"layer_map {list(given)}: entries must be integers")
     if len(mapping) != student_layers:
-        raise DistillError(f"layer_map {mapping} has {len(mapping)} entries; the student has "
+        raise StudentError(f"layer_map {mapping} has {len(mapping)} entries; the student has "
                            f"{student_layers} layers and needs one teacher state for each")
     if any(not 1 <= v <= teacher_layers for v in mapping):
-        raise DistillError(f"layer_map {mapping}: teacher states run from 1 to {teacher_layers} (0, the "
+        raise StudentError(f"layer_map {mapping}: teacher states run from 1 to {teacher_layers} (0, the "
                            "embeddings, is not a target)")
     if any(b <= a for a, b in zip(mapping[:-1], mapping[1:], strict=True)):
-        raise DistillError(f"layer_map {mapping} must be strictly increasing")
+        raise StudentError(f"layer_map {mapping} must be strictly increasing")
     return mapping
 
 

@@ -49,7 +49,7 @@ student, the maps and the feature statistics, AdamW's state, the EMA, the RNG st
 the log rows, and refuses to resume a run with other settings, teacher, corpus, world size or thread
 count (each changes the result in its last bits or more). A run resumed from it computes bit for bit
 what the uninterrupted run computes. The caller removes the checkpoint once it has what it needs
-(`encoder-study student train` does, after its last output).
+(`encoder-study student distill` does, after its last output).
 
 Training config keys (`TrainingConfig`, defaults sized for the embedded default: the MiniLM teacher
 6 x 384, a 3 x 192 student, windows of 32 and 64 pieces, a few minutes on 2 CPU cores):
@@ -101,18 +101,18 @@ from ..files import CheckpointError  # noqa: F401 -- what resuming raises; calle
 from ..tokens import PieceTokenizer
 from ..trainable.common import determinism
 from ..trainable.postnorm import PostNormEncoder, PostNormSettings
-from . import DistillError, architecture
+from . import StudentError, architecture
 from .data import STATS_STREAM, Corpus, Document
 from .objective import TERMS, FeatureStats, Objective, layer_map
 
-CHECKPOINT_FORMAT = "encoder_study.distill.train/1"
+CHECKPOINT_FORMAT = "encoder_study.distill.train/1"  # a stable format id (files written before the rename)
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # autocast dtype (None: autocast off)
 # cuBLAS is deterministic only with a fixed workspace per handle; it reads this when it starts.
 CUBLAS_WORKSPACE = ":4096:8"
 # Named after the architecture module as it was called when the format was made (now `architecture`);
 # kept, because the name is inside every student.pt and `load_student` checks it.
-STUDENT_FORMAT = "encoder_study.distill.student/1"
+STUDENT_FORMAT = "encoder_study.distill.student/1"  # a stable format id
 LOG_COLUMNS = ("step", "loss", *TERMS, "lr", "tokens")
 PCA_ROWS = 16384  # rows of the teacher table per float64 slice: mmBERT's whole table would take 1.6 GB
 SCHEDULES = ("linear", "cosine")
@@ -149,14 +149,14 @@ class TrainingConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping | TrainingConfig | None) -> TrainingConfig:
-        """The defaults with `values` over them; unknown keys raise DistillError naming them."""
+        """The defaults with `values` over them; unknown keys raise StudentError naming them."""
         if isinstance(values, TrainingConfig):
             return values
         values = dict(values or {})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise DistillError(f"training config: unknown keys {unknown}; the keys are {sorted(known)}")
+            raise StudentError(f"training config: unknown keys {unknown}; the keys are {sorted(known)}")
         for name in ("window_lengths", "layer_map"):
             if values.get(name) is not None:
                 values[name] = tuple(int(v) for v in values[name])
@@ -165,23 +165,23 @@ class TrainingConfig:
     def __post_init__(self):
         for name in ("steps", "batch_windows", "log_every", "stats_windows"):
             if getattr(self, name) < 1:
-                raise DistillError(f"training config: {name} must be positive, got {getattr(self, name)}")
+                raise StudentError(f"training config: {name} must be positive, got {getattr(self, name)}")
         for name in ("warmup", "chunk_steps", "threads", "weight_decay", "clip", "min_lr_ratio",
                      "hidden_weight", "final_weight", "cosine_weight"):
             if getattr(self, name) < 0:
-                raise DistillError(f"training config: {name} must be 0 or more, got {getattr(self, name)}")
+                raise StudentError(f"training config: {name} must be 0 or more, got {getattr(self, name)}")
         if not self.window_lengths or min(self.window_lengths) < 3:
-            raise DistillError(f"training config: window_lengths {list(self.window_lengths)} must be lengths "
+            raise StudentError(f"training config: window_lengths {list(self.window_lengths)} must be lengths "
                                "of at least 3 (specials and one piece)")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise DistillError(f"training config: lr must be a positive number, got {self.lr}")
+            raise StudentError(f"training config: lr must be a positive number, got {self.lr}")
         if self.schedule not in SCHEDULES:
-            raise DistillError(f"training config: schedule must be one of {list(SCHEDULES)}, "
+            raise StudentError(f"training config: schedule must be one of {list(SCHEDULES)}, "
                                f"got {self.schedule!r}")
         if not 0 <= self.ema_decay < 1:
-            raise DistillError(f"training config: ema_decay must be in [0, 1), got {self.ema_decay}")
+            raise StudentError(f"training config: ema_decay must be in [0, 1), got {self.ema_decay}")
         if not self.language_power >= 0:
-            raise DistillError(f"training config: language_power must be 0 or more, "
+            raise StudentError(f"training config: language_power must be 0 or more, "
                                f"got {self.language_power}")
 
     def identity(self) -> dict:
@@ -218,7 +218,7 @@ def pca(table: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.
     """
     rows, width = table.shape
     if not 1 <= k <= min(rows, width):
-        raise DistillError(f"cannot keep {k} principal components of a {rows} x {width} table")
+        raise StudentError(f"cannot keep {k} principal components of a {rows} x {width} table")
     slices = range(0, rows, PCA_ROWS)
     total = torch.zeros(width, dtype=torch.float64)
     for start in slices:
@@ -322,13 +322,13 @@ def resolve_device(choice: str | None, local_rank: int = 0) -> torch.device:
     """The torch device for `--device auto|cpu|cuda` (None: auto) on the rank with `local_rank`."""
     choice = "auto" if choice is None else choice
     if choice not in DEVICES:
-        raise DistillError(f"device {choice!r}: expected one of {list(DEVICES)}")
+        raise StudentError(f"device {choice!r}: expected one of {list(DEVICES)}")
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         build = torch.version.cuda or "none: a CPU build"
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
-        raise DistillError(f"--device cuda, but torch {torch.__version__} sees no CUDA device (its CUDA: "
+        raise StudentError(f"--device cuda, but torch {torch.__version__} sees no CUDA device (its CUDA: "
                            f"{build}; CUDA_VISIBLE_DEVICES={visible}); run on a GPU node with the CUDA "
                            "build (envs/torch-cuda.txt), or use --device auto or cpu")
     return torch.device("cuda", local_rank)
@@ -345,9 +345,9 @@ def cuda_determinism() -> None:
 
 def check_precision(precision: str, device: torch.device) -> None:
     if precision not in PRECISIONS:
-        raise DistillError(f"precision {precision!r}: expected one of {list(PRECISIONS)}")
+        raise StudentError(f"precision {precision!r}: expected one of {list(PRECISIONS)}")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise DistillError(f"precision bf16: {torch.cuda.get_device_name(device)} has no bfloat16 "
+        raise StudentError(f"precision bf16: {torch.cuda.get_device_name(device)} has no bfloat16 "
                            "support; use --precision fp32")
 
 
@@ -424,7 +424,7 @@ def load_student(path: str | os.PathLike) -> tuple[PostNormEncoder, dict]:
     """(the student with its EMA weights, in eval mode; the whole saved record) from `out_path`."""
     saved = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(saved, dict) or saved.get("format") != STUDENT_FORMAT:
-        raise DistillError(f"{path}: not a distilled student (format {STUDENT_FORMAT})")
+        raise StudentError(f"{path}: not a distilled student (format {STUDENT_FORMAT})")
     encoder = PostNormEncoder(PostNormSettings(**saved["settings"]))
     encoder.load_state_dict(saved["state_dict"], strict=True)
     return encoder.eval(), saved
@@ -459,7 +459,7 @@ class _Run:
                  checkpoint: Path, device: torch.device, rank: int, world: int, teacher_id: str,
                  precision: str = "fp32"):
         if config.batch_windows < world:
-            raise DistillError(f"batch_windows {config.batch_windows} is smaller than the world size "
+            raise StudentError(f"batch_windows {config.batch_windows} is smaller than the world size "
                                f"{world}: some ranks would have no windows")
         self.config, self.corpus, self.checkpoint = config, corpus, checkpoint
         self.device, self.rank, self.world = device, rank, world
@@ -472,7 +472,7 @@ class _Run:
             limits["teacher"] = ts.max_positions - ts.position_offset
         for who, limit in limits.items():
             if max(config.window_lengths) > limit:
-                raise DistillError(f"window length {max(config.window_lengths)} exceeds the {who}'s "
+                raise StudentError(f"window length {max(config.window_lengths)} exceeds the {who}'s "
                                    f"{limit} positions")
         self.mapping = layer_map(student_config.layers, ts.layers, config.layer_map)
         self.fingerprint = {

@@ -1,0 +1,51 @@
+"""The student's parity (`results/student/parity.csv`): the trainable modules read back from the graph,
+and ONNX Runtime on the graph, each against the PyTorch student that was exported."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .. import machine, manifest, tables
+from ..trainable.postnorm import PostNormEncoder
+
+PARITY_COLUMNS = ["model", "comparison", "tokens", "max_abs", "mean_abs", "max_value", "min_cos",
+                  "batch_equal"]
+PARITY_COMPARISONS = ("trainable vs pytorch", "graph runtime vs pytorch")
+# results/student/parity.md: the shared parity columns between the comparison and the batch check.
+PARITY_MARKDOWN = (("model", "model", ""), ("comparison", "comparison", ""), *tables.PARITY_COLUMNS,
+                   ("batch_equal", "batches = alone", "yes"))
+
+
+def parity(pytorch_encoder: PostNormEncoder, export_dir: str | os.PathLike, texts: list[str], threads: int,
+           batch: int = 8) -> list[dict]:
+    """Rows of results/student/parity.csv (`PARITY_COLUMNS`).
+
+    The trainable modules read back from the graph (`trainable.load`), and ONNX Runtime on the graph,
+    each against `pytorch_encoder` (the student that was exported), one text per run over every
+    token; `batch_equal`: padded batches of `batch` give the read-back modules exactly (bitwise) the
+    rows of the texts run alone.
+    """
+    from .. import compare, tokens
+
+    export_dir = Path(export_dir)
+    record = manifest.verified_model(export_dir)
+    config = json.loads((export_dir / manifest.CONFIG_FILE).read_text(encoding="utf-8"))
+    pad = config.get("pad_token_id")
+    pad_id = 0 if pad is None else int(pad)
+    pieces = tokens.TextPieces(export_dir / manifest.TOKENIZER_FILE, int(config["max_position_embeddings"]),
+                               pad_id)
+    model = compare.Pair(record["model"], export_dir / manifest.ONNX_FILE, pytorch_encoder, pieces)
+    was = pytorch_encoder.training
+    try:
+        pytorch_encoder.eval()
+        rows = compare.trainable_parity(model, texts, machine.usable_threads(threads), batch,
+                                       comparisons=PARITY_COMPARISONS)
+    finally:
+        pytorch_encoder.train(was)
+    return [{k: row[k] for k in PARITY_COLUMNS} for row in rows]  # the family is known: postnorm
+
+
+def parity_markdown(rows: list[dict]) -> str:
+    return tables.markdown(rows, PARITY_MARKDOWN)
