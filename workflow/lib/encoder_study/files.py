@@ -144,6 +144,35 @@ def check_same_run(path: str | os.PathLike, what: str, saved: dict, now: dict) -
                               "would not give the run asked for: delete it to start over")
 
 
+class JsonError(UserError):
+    """A JSON file is missing, unreadable, or not what its reader expects."""
+
+
+def read_json(path: str | os.PathLike, what: str, fix: str, *, kind: type | None = None,
+              error: type[UserError] = JsonError):
+    """The JSON value in `path`, which should be `what` (e.g. "the model's export manifest").
+
+    Anything else (missing, unreadable, not JSON, or not of type `kind`) raises `error` naming the file,
+    what it should be, what was wrong and `fix`, the way to a good file (e.g. "re-export the model").
+    """
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise error(f"{path} is missing: expected {what}; {fix}") from err
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise error(f"{path}: cannot read {what} ({err}); {fix}") from err
+    if kind is not None and not isinstance(value, kind):
+        raise error(f"{path}: expected {what} (a JSON {_json_type(kind)}), found a JSON "
+                    f"{_json_type(type(value))}; {fix}")
+    return value
+
+
+def _json_type(kind: type) -> str:
+    return {dict: "object", list: "array", str: "string", int: "number", float: "number",
+            bool: "boolean", type(None): "null"}.get(kind, kind.__name__)
+
+
 def write_json(target: str | os.PathLike, data) -> None:
     """JSON with sorted keys and a final newline, so equal data gives equal bytes."""
     write_text(target, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
