@@ -217,6 +217,160 @@ def _one_or_all(values: Iterable[str]) -> str:
     return ", ".join(sorted(set(values)))
 
 
+class _Graph:
+    """The crate's entities by @id as they are added, the ids of the files in its payload (hasPart),
+    and the @id of each file the fragments record, by its path as recorded."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.entities: dict[str, dict] = {}
+        self.has_part: set[str] = set()
+        self.file_ids: dict[str, str] = {}
+        self.libraries: dict[tuple[str, str], str] = {}
+
+    def add(self, entity: dict) -> str:
+        old = self.entities.get(entity["@id"])
+        if old is not None and old != entity:
+            raise AssertionError(f"two different entities with @id {entity['@id']}")
+        self.entities[entity["@id"]] = entity
+        return entity["@id"]
+
+    def add_file(self, entity: dict, inside: bool) -> str:
+        if inside:
+            self.has_part.add(entity["@id"])
+        return self.add(entity)
+
+    def library(self, name: str, version: str) -> str:
+        if (name, version) not in self.libraries:
+            self.libraries[(name, version)] = self.add({
+                "@id": local_id("software", f"{name}-{version}"), "@type": "SoftwareApplication",
+                "name": name, "softwareVersion": version})
+        return self.libraries[(name, version)]
+
+    def add_recorded_files(self, records: list[tuple[Path, dict]]) -> None:
+        """Every file a job read or wrote, once (by its normalised path: `a/../b` is `b`); two
+        fragments that disagree on a file's bytes are stale."""
+        seen: dict[str, tuple[int, str, Path]] = {}
+        for twin, record in records:
+            for entry in record["files"]:
+                entity_id, inside = _file_id(entry["path"], self.base)
+                self.file_ids[entry["path"]] = entity_id
+                facts = (entry["bytes"], entry["sha256"])
+                if entity_id in seen and seen[entity_id][:2] != facts:
+                    size, digest, other = seen[entity_id]
+                    raise CrateError(
+                        f"{twin} records {entry['path']} with sha256 {facts[1]} ({facts[0]} bytes), {other} "
+                        f"with {digest} ({size} bytes): one fragment is stale; run `snakemake verify` and "
+                        "rerun the rule it names")
+                if entity_id not in seen:
+                    seen[entity_id] = (*facts, twin)
+                    name = os.path.normpath(entry["path"]) if inside else entry["path"]
+                    self.add_file({"@id": entity_id, "@type": "File", "name": Path(name).as_posix(),
+                                   "contentSize": str(facts[0]), "sha256": facts[1], **media_type(name)},
+                                  inside)
+
+    def add_tool(self, rule: str, runs: list[tuple[Path, dict]]) -> tuple[str, str]:
+        """(tool, step) ids of a rule: the command it runs, with the libraries its jobs recorded."""
+        tool_id, step_id = local_id("tool", rule), local_id("step", rule)
+        requirements = {self.library(n, v) for _, r in runs for n, v in r["libraries"].items()
+                        if v != "not installed"}
+        requirements |= {self.library("python", r["machine"]["python"]) for _, r in runs
+                         if "python" in r["machine"]}
+        self.add({
+            "@id": tool_id, "@type": "SoftwareApplication",
+            "name": f"rule {rule} (recipe {_one_or_all(r['recipe'] for _, r in runs)})",
+            "description": f"The `encoder-study` command that rule {rule} of the workflow runs.",
+            "softwareVersion": _one_or_all(r["version"] for _, r in runs),
+            "softwareRequirements": refs(requirements)})
+        self.add({"@id": step_id, "@type": "HowToStep", "name": rule, "workExample": ref(tool_id)})
+        return tool_id, step_id
+
+    def add_job(self, twin: Path, record: dict) -> tuple[str, str]:
+        """(job, control) ids of one job: its CreateAction, with its fragment's two files, its wall
+        time and the ControlAction tying it to its rule's step."""
+        rule, name = record["rule"], provenance.record_name(record)
+        inputs = [self.file_ids[e["path"]] for e in record["files"] if e["role"] == "input"]
+        outputs = [self.file_ids[e["path"]] for e in record["files"] if e["role"] == "output"]
+        markdown = provenance.twin(twin)
+        described = [
+            self.add_file(*_hashed_file(twin, self.base, f"Provenance fragment of {name} (JSON)")),
+            self.add_file(*_hashed_file(markdown, self.base, f"Provenance fragment of {name}"))]
+        usage = self.add({"@id": local_id("seconds", name), "@type": "PropertyValue",
+                          "propertyID": "wallclock", "name": "wall-clock seconds", "value": record["seconds"],
+                          "unitCode": "SEC"})
+        job = {"@id": local_id("job", name), "@type": "CreateAction", "name": name,
+               "description": f"{record['command']} (code {provenance.describe_code(record['code'])}, "
+                              f"encoder-study {record['version']}, {record['threads'] or 'default'} "
+                              f"threads, on {record['machine'].get('cpu', 'unknown CPU')})",
+               "instrument": ref(local_id("tool", rule)), "startTime": record["started"],
+               "endTime": record["finished"], "actionStatus": COMPLETED, "subjectOf": refs(described),
+               "resourceUsage": [ref(usage)]}
+        if inputs:
+            job["object"] = refs(inputs)
+        if outputs:
+            job["result"] = refs(outputs)
+        job_id = self.add(job)
+        control = self.add({"@id": local_id("control", name), "@type": "ControlAction",
+                            "name": f"{rule} step of the run: {name}",
+                            "instrument": ref(local_id("step", rule)), "object": ref(job_id),
+                            "actionStatus": COMPLETED})
+        return job_id, control
+
+    def add_snakemake(self, all_records: list[dict]) -> tuple[str, list[str]]:
+        """(language, engines) ids: Snakemake as the workflow's language and as the run's engine, in
+        each version the fragments record."""
+        versions = sorted({r["libraries"].get("snakemake", "not installed") for r in all_records}
+                          - {"not installed"})
+        if not versions:
+            raise CrateError("no fragment records a Snakemake version (libraries.snakemake): the run's "
+                             "engine is unknown; rerun the workflow with Snakemake installed")
+        language = self.add({"@id": SNAKEMAKE_LANGUAGE, "@type": "ComputerLanguage", "name": "Snakemake",
+                             "identifier": ref(SNAKEMAKE_URL), "url": ref(SNAKEMAKE_URL),
+                             "version": _one_or_all(versions)})
+        engines = [self.add({"@id": local_id("engine", f"snakemake-{v}"), "@type": "SoftwareApplication",
+                             "name": "Snakemake", "softwareVersion": v, "url": ref(SNAKEMAKE_URL)})
+                   for v in versions]
+        return language, engines
+
+
+def _add_sources(graph: _Graph, cff: dict, workflow: Path, license_file: Path) -> tuple[dict, str]:
+    """The workflow's File entity (completed by `build` once the steps are known) and the licence's
+    id, with the licence text as a file of the crate."""
+    workflow_entity, inside = _hashed_file(workflow, graph.base, workflow.name)
+    if not inside:
+        raise CrateError(f"{workflow}: the workflow must lie inside the crate's root {graph.base} "
+                         "(Workflow RO-Crate requires the main workflow file in the crate)")
+    licence_entity, inside = _hashed_file(license_file, graph.base, "Licence of the workflow's code")
+    graph.add_file(licence_entity, inside)
+    licence = graph.add({"@id": f"https://spdx.org/licenses/{quote(str(cff['license']))}",
+                         "@type": "CreativeWork", "name": f"{cff['license']} licence",
+                         "identifier": str(cff["license"])})
+    return workflow_entity, licence
+
+
+def _add_run(graph: _Graph, all_records: list[dict], workflow_id: str, title: str, engines: list[str],
+             controls: list[str]) -> None:
+    """The run as a CreateAction of the workflow (object: files no job wrote; result: files no job
+    read) and Snakemake's OrganizeAction of it."""
+    started = min(r["started"] for r in all_records)
+    finished = max(r["finished"] for r in all_records)
+    read = {graph.file_ids[e["path"]] for r in all_records for e in r["files"] if e["role"] == "input"}
+    written = {graph.file_ids[e["path"]] for r in all_records for e in r["files"] if e["role"] == "output"}
+    run = {"@id": "#run", "@type": "CreateAction", "name": f"Run of {title}",
+           "description": f"The jobs of {len(all_records)} provenance fragments: every file they read and "
+                          "wrote, with its SHA-256.",
+           "instrument": ref(workflow_id), "startTime": started, "endTime": finished,
+           "actionStatus": COMPLETED}
+    if read - written:
+        run["object"] = refs(read - written)
+    if written - read:
+        run["result"] = refs(written - read)
+    graph.add(run)
+    graph.add({"@id": "#organize", "@type": "OrganizeAction", "name": "Snakemake's orchestration of the run",
+               "instrument": refs(engines), "result": ref("#run"), "object": refs(controls),
+               "startTime": started, "endTime": finished, "actionStatus": COMPLETED})
+
+
 def build(records: list[tuple[Path, dict]], base: str | os.PathLike, workflow: str | os.PathLike,
           citation: str | os.PathLike, license_file: str | os.PathLike) -> dict:
     """The crate (JSON-ready) describing the jobs of `records` (`read_fragments`).
@@ -225,159 +379,50 @@ def build(records: list[tuple[Path, dict]], base: str | os.PathLike, workflow: s
     working directory); `workflow` the Snakefile, `citation` CITATION.cff (title, authors, licence),
     `license_file` the licence text; the last three are described as files of the crate.
     """
-    base = Path(base)
-    entities: dict[str, dict] = {}
-    has_part: set[str] = set()
-
-    def add(entity: dict) -> str:
-        old = entities.get(entity["@id"])
-        if old is not None and old != entity:
-            raise AssertionError(f"two different entities with @id {entity['@id']}")
-        entities[entity["@id"]] = entity
-        return entity["@id"]
-
-    def add_file(entity: dict, inside: bool) -> str:
-        if inside:
-            has_part.add(entity["@id"])
-        return add(entity)
-
+    graph = _Graph(Path(base))
     cff = _citation(Path(citation))
-    authors = [add(a) for a in _authors(cff)]
-    workflow_path = Path(workflow)
-    workflow_entity, inside = _hashed_file(workflow_path, base, workflow_path.name)
-    if not inside:
-        raise CrateError(f"{workflow_path}: the workflow must lie inside the crate's root {base} "
-                         "(Workflow RO-Crate requires the main workflow file in the crate)")
-    licence_entity, inside = _hashed_file(Path(license_file), base, "Licence of the workflow's code")
-    add_file(licence_entity, inside)
-    licence = add({"@id": f"https://spdx.org/licenses/{quote(str(cff['license']))}", "@type": "CreativeWork",
-                   "name": f"{cff['license']} licence", "identifier": str(cff["license"])})
-
-    # Every file a job read or wrote, once (by its normalised path: `a/../b` is `b`); two fragments
-    # that disagree on a file's bytes are stale.
-    seen: dict[str, tuple[int, str, Path]] = {}
-    file_ids: dict[str, str] = {}  # path as recorded -> @id
-    for twin, record in records:
-        for entry in record["files"]:
-            entity_id, inside = _file_id(entry["path"], base)
-            file_ids[entry["path"]] = entity_id
-            facts = (entry["bytes"], entry["sha256"])
-            if entity_id in seen and seen[entity_id][:2] != facts:
-                size, digest, other = seen[entity_id]
-                raise CrateError(
-                    f"{twin} records {entry['path']} with sha256 {facts[1]} ({facts[0]} bytes), {other} with "
-                    f"{digest} ({size} bytes): one fragment is stale; run `snakemake verify` and rerun the "
-                    "rule it names")
-            if entity_id not in seen:
-                seen[entity_id] = (*facts, twin)
-                name = os.path.normpath(entry["path"]) if inside else entry["path"]
-                add_file({"@id": entity_id, "@type": "File", "name": Path(name).as_posix(),
-                          "contentSize": str(facts[0]), "sha256": facts[1], **media_type(name)}, inside)
-
-    libraries: dict[tuple[str, str], str] = {}
-
-    def library(name: str, version: str) -> str:
-        if (name, version) not in libraries:
-            libraries[(name, version)] = add({
-                "@id": local_id("software", f"{name}-{version}"), "@type": "SoftwareApplication",
-                "name": name, "softwareVersion": version})
-        return libraries[(name, version)]
-
+    authors = [graph.add(a) for a in _authors(cff)]
+    workflow_entity, licence = _add_sources(graph, cff, Path(workflow), Path(license_file))
+    graph.add_recorded_files(records)
     by_rule: dict[str, list[tuple[Path, dict]]] = {}
     for twin, record in records:
         by_rule.setdefault(record["rule"], []).append((twin, record))
-
     tools, steps, jobs, controls = [], [], [], []
-    read, written = set(), set()
     for rule, runs in sorted(by_rule.items()):
-        tool_id, step_id = local_id("tool", rule), local_id("step", rule)
-        requirements = {library(n, v) for _, r in runs for n, v in r["libraries"].items()
-                        if v != "not installed"}
-        requirements |= {library("python", r["machine"]["python"]) for _, r in runs
-                         if "python" in r["machine"]}
-        tools.append(add({
-            "@id": tool_id, "@type": "SoftwareApplication",
-            "name": f"rule {rule} (recipe {_one_or_all(r['recipe'] for _, r in runs)})",
-            "description": f"The `encoder-study` command that rule {rule} of the workflow runs.",
-            "softwareVersion": _one_or_all(r["version"] for _, r in runs),
-            "softwareRequirements": refs(requirements)}))
-        steps.append(add({"@id": step_id, "@type": "HowToStep", "name": rule, "workExample": ref(tool_id)}))
+        tool_id, step_id = graph.add_tool(rule, runs)
+        tools.append(tool_id)
+        steps.append(step_id)
         for twin, record in runs:
-            name = provenance.record_name(record)
-            inputs = [file_ids[e["path"]] for e in record["files"] if e["role"] == "input"]
-            outputs = [file_ids[e["path"]] for e in record["files"] if e["role"] == "output"]
-            read.update(inputs)
-            written.update(outputs)
-            markdown = provenance.twin(twin)
-            described = [add_file(*_hashed_file(twin, base, f"Provenance fragment of {name} (JSON)")),
-                         add_file(*_hashed_file(markdown, base, f"Provenance fragment of {name}"))]
-            usage = add({"@id": local_id("seconds", name), "@type": "PropertyValue",
-                         "propertyID": "wallclock", "name": "wall-clock seconds", "value": record["seconds"],
-                         "unitCode": "SEC"})
-            job = {"@id": local_id("job", name), "@type": "CreateAction", "name": name,
-                   "description": f"{record['command']} (code {provenance.describe_code(record['code'])}, "
-                                  f"encoder-study {record['version']}, {record['threads'] or 'default'} "
-                                  f"threads, on {record['machine'].get('cpu', 'unknown CPU')})",
-                   "instrument": ref(tool_id), "startTime": record["started"], "endTime": record["finished"],
-                   "actionStatus": COMPLETED, "subjectOf": refs(described), "resourceUsage": [ref(usage)]}
-            if inputs:
-                job["object"] = refs(inputs)
-            if outputs:
-                job["result"] = refs(outputs)
-            jobs.append(add(job))
-            controls.append(add({"@id": local_id("control", name), "@type": "ControlAction",
-                                 "name": f"{rule} step of the run: {name}", "instrument": ref(step_id),
-                                 "object": ref(job["@id"]), "actionStatus": COMPLETED}))
+            job_id, control_id = graph.add_job(twin, record)
+            jobs.append(job_id)
+            controls.append(control_id)
 
     all_records = [r for _, r in records]
-    started = min(r["started"] for r in all_records)
-    finished = max(r["finished"] for r in all_records)
-    version = _one_or_all(r["version"] for r in all_records)
-    snakemake_versions = sorted({r["libraries"].get("snakemake", "not installed") for r in all_records}
-                                - {"not installed"})
-    if not snakemake_versions:
-        raise CrateError("no fragment records a Snakemake version (libraries.snakemake): the run's engine "
-                         "is unknown; rerun the workflow with Snakemake installed")
-    language = add({"@id": SNAKEMAKE_LANGUAGE, "@type": "ComputerLanguage", "name": "Snakemake",
-                    "identifier": ref(SNAKEMAKE_URL), "url": ref(SNAKEMAKE_URL),
-                    "version": _one_or_all(snakemake_versions)})
-    engines = [add({"@id": local_id("engine", f"snakemake-{v}"), "@type": "SoftwareApplication",
-                    "name": "Snakemake", "softwareVersion": v, "url": ref(SNAKEMAKE_URL)})
-               for v in snakemake_versions]
+    language, engines = graph.add_snakemake(all_records)
     workflow_entity.update({
         "@type": ["File", "SoftwareSourceCode", "ComputationalWorkflow", "HowTo"],
-        "name": str(cff["title"]), "version": version, "programmingLanguage": ref(language),
-        "license": ref(licence), "author": refs(authors), "hasPart": refs(tools), "step": refs(steps)})
-    add_file(workflow_entity, True)
-
-    run = {"@id": "#run", "@type": "CreateAction", "name": f"Run of {cff['title']}",
-           "description": f"The jobs of {len(all_records)} provenance fragments: every file they read and "
-                          "wrote, with its SHA-256.",
-           "instrument": ref(workflow_entity["@id"]), "startTime": started, "endTime": finished,
-           "actionStatus": COMPLETED}
-    if read - written:
-        run["object"] = refs(read - written)
-    if written - read:
-        run["result"] = refs(written - read)
-    add(run)
-    add({"@id": "#organize", "@type": "OrganizeAction", "name": "Snakemake's orchestration of the run",
-         "instrument": refs(engines), "result": ref("#run"), "object": refs(controls),
-         "startTime": started, "endTime": finished, "actionStatus": COMPLETED})
-    for profile, title in PROFILES.items():
-        add({"@id": profile, "@type": "CreativeWork", "name": title, "version": profile.rsplit("/", 1)[1]})
+        "name": str(cff["title"]), "version": _one_or_all(r["version"] for r in all_records),
+        "programmingLanguage": ref(language), "license": ref(licence), "author": refs(authors),
+        "hasPart": refs(tools), "step": refs(steps)})
+    graph.add_file(workflow_entity, True)
+    _add_run(graph, all_records, workflow_entity["@id"], cff["title"], engines, controls)
+    for profile, name in PROFILES.items():
+        graph.add({"@id": profile, "@type": "CreativeWork", "name": name,
+                   "version": profile.rsplit("/", 1)[1]})
 
     root = {"@id": "./", "@type": "Dataset", "name": f"{cff['title']}: a run",
             "description": f"Workflow Run RO-Crate of a run of the workflow {workflow_entity['@id']}: "
-                           f"{len(by_rule)} rules, {len(all_records)} jobs, {len(seen)} files. "
+                           f"{len(by_rule)} rules, {len(all_records)} jobs, "
+                           f"{len(set(graph.file_ids.values()))} files. "
                            "Each job's provenance fragment (provenance/) is part of the crate.",
-            "datePublished": finished, "license": ref(licence), "author": refs(authors),
-            "publisher": refs(authors), "conformsTo": refs(PROFILES),
+            "datePublished": max(r["finished"] for r in all_records), "license": ref(licence),
+            "author": refs(authors), "publisher": refs(authors), "conformsTo": refs(PROFILES),
             "mainEntity": ref(workflow_entity["@id"]),
-            "hasPart": refs(has_part), "mentions": refs([*jobs, "#run"])}
+            "hasPart": refs(graph.has_part), "mentions": refs([*jobs, "#run"])}
     descriptor = {"@id": CRATE_NAME, "@type": "CreativeWork", "about": ref("./"),
                   "conformsTo": refs([RO_CRATE, WORKFLOW_RO_CRATE])}
-    graph = [descriptor, root] + [entities[k] for k in sorted(entities)]
-    return {"@context": CONTEXT, "@graph": graph}
+    return {"@context": CONTEXT,
+            "@graph": [descriptor, root] + [graph.entities[k] for k in sorted(graph.entities)]}
 
 
 def text(crate: dict) -> str:
