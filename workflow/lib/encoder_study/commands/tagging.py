@@ -85,50 +85,84 @@ def parser() -> argparse.ArgumentParser:
     """`encoder-study tagging ...`: the treebank, UPOS tagging runs, their tables and the step time."""
     top = argparse.ArgumentParser(prog="encoder-study tagging", description=parser.__doc__)
     sub = top.add_subparsers(dest="subcommand", required=True)
+    _add_treebank_commands(sub)
+    _add_train(sub)
+    _add_baseline(sub)
+    _add_table_commands(sub)
+    _add_step_time(sub)
+    _add_predict(sub)
+    return top
 
-    p = sub.add_parser("treebank", help="write the synthetic treebank's train/dev/test CoNLL-U files")
+
+def _rule_command(sub, name: str, help_: str, run) -> argparse.ArgumentParser:
+    """A subcommand a rule runs: it writes a fragment (--provenance) and calls `run`."""
+    p = sub.add_parser(name, help=help_)
     provenance.add_arguments(p)
-    p.set_defaults(run=treebank)
+    p.set_defaults(run=run)
+    return p
+
+
+def _add_split_arguments(p: argparse.ArgumentParser, split_help: str | None, extra_help: str) -> None:
+    """--train/--dev/--test (CoNLL-U files; `split_help` formatted with {split}) and repeatable --extra."""
+    for split in SPLITS:
+        p.add_argument(f"--{split}", required=True, help=split_help and split_help.format(split=split))
+    p.add_argument("--extra", type=_extra, action="append", default=[], help=extra_help)
+
+
+def _add_treebank_commands(sub) -> None:
+    """treebank, ood, fetch: the treebank's files."""
+    p = _rule_command(sub, "treebank", "write the synthetic treebank's train/dev/test CoNLL-U files",
+                      treebank)
     p.add_argument("--seed", type=int, required=True)
     for split in SPLITS:
         p.add_argument(f"--{split}", type=int, required=True, help=f"sentences in {split}")
     p.add_argument("--out-dir", required=True, help="writes <out-dir>/{train,dev,test}.conllu")
 
-    p = sub.add_parser("ood", help="write a small synthetic out-of-domain test set (other templates, words)")
-    provenance.add_arguments(p)
-    p.set_defaults(run=ood)
+    p = _rule_command(sub, "ood", "write a small synthetic out-of-domain test set (other templates, words)",
+                      ood)
     p.add_argument("--name", required=True, help="the set's name (its sentence ids start with it)")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--sentences", type=int, required=True)
     p.add_argument("--out", required=True, help="the CoNLL-U file to write")
 
-    p = sub.add_parser("fetch", help="download one split of a UD treebank (URL, file:// URL, path), check it")
-    provenance.add_arguments(p)
-    p.set_defaults(run=fetch)
+    p = _rule_command(sub, "fetch", "download one split of a UD treebank (URL, file:// URL, path), check it",
+                      fetch)
     p.add_argument("--split", required=True, help="train, dev, test, or an extra test set's name")
     p.add_argument("--url", required=True)
     p.add_argument("--sha256", required=True, help="pinned SHA-256; empty: record it instead")
     p.add_argument("--out", required=True, help="the local .conllu file to write")
     p.add_argument("--timeout", type=float, required=True, help="seconds without data, then give up")
 
-    p = sub.add_parser("train", help="train a tagger (frozen or fine-tuned encoder), score dev and test once")
-    provenance.add_arguments(p)
-    p.set_defaults(run=train)
+
+def _add_train(sub) -> None:
+    p = _rule_command(sub, "train", "train a tagger (frozen or fine-tuned encoder), score dev and test once",
+                      train)
     p.add_argument("--run", dest="run_name", required=True, help="the run's name in the tables")
     p.add_argument("--model-dir", required=True, help="results/models/<model> (an export)")
     p.add_argument("--mode", required=True, choices=["frozen", "finetuned"])
     p.add_argument("--pooling", required=True, choices=["mean", "first"])
-    for split in SPLITS:
-        p.add_argument(f"--{split}", required=True, help=f"the {split} split, CoNLL-U")
-    p.add_argument("--extra", type=_extra, action="append", default=[],
-                   help="NAME=PATH: an extra test set, scored once like test (never trains or selects); "
-                   "repeat")
+    _add_split_arguments(p, "the {split} split, CoNLL-U",
+                         "NAME=PATH: an extra test set, scored once like test (never trains or selects); "
+                         "repeat")
     p.add_argument("--out-dir", required=True, help="results/tagging/<run>")
     p.add_argument("--checkpoint", required=True, help="saved every --chunk-steps steps, resumed when it "
                    "exists, removed at the end; keep it outside a directory the workflow deletes on failure")
     p.add_argument("--chunk-steps", type=int, required=True,
                    help="save the checkpoint every this many steps; 0: only when training ends")
-    g = p.add_argument_group("training")
+    _add_training_options(p.add_argument_group("training"))
+    e = p.add_argument_group("encoder")
+    e.add_argument("--max-length", type=int, required=True, help="pieces per window, specials included")
+    e.add_argument("--window-batch", type=int, required=True, help="frozen: windows per ONNX Runtime call")
+    e.add_argument("--max-batch-pieces", type=int, required=True, help="finetuned: padded pieces per batch")
+    e.add_argument("--train-embeddings", action="store_true",
+                   help="finetuned: train the token table too (it is then saved in the pipeline)")
+    s = p.add_argument_group("scoring")
+    s.add_argument("--resamples", type=int, required=True)
+    s.add_argument("--bootstrap-seed", type=int, required=True)
+
+
+def _add_training_options(g) -> None:
+    """train's optimiser, stopping, batching and device options."""
     g.add_argument("--optimizer", required=True, choices=["adamw", "lbfgs"],
                    help="adamw: minibatches (the fine-tune); lbfgs: the frozen probe solved on its cached "
                    "vectors, a step being one full-batch L-BFGS iteration")
@@ -151,31 +185,21 @@ def parser() -> argparse.ArgumentParser:
                    help="where the tagger trains: auto is cuda when torch sees a GPU, else cpu")
     g.add_argument("--precision", required=True, choices=["fp32", "bf16"],
                    help="finetuned: bf16 runs forward passes under bfloat16 autocast")
-    e = p.add_argument_group("encoder")
-    e.add_argument("--max-length", type=int, required=True, help="pieces per window, specials included")
-    e.add_argument("--window-batch", type=int, required=True, help="frozen: windows per ONNX Runtime call")
-    e.add_argument("--max-batch-pieces", type=int, required=True, help="finetuned: padded pieces per batch")
-    e.add_argument("--train-embeddings", action="store_true",
-                   help="finetuned: train the token table too (it is then saved in the pipeline)")
-    s = p.add_argument_group("scoring")
-    s.add_argument("--resamples", type=int, required=True)
-    s.add_argument("--bootstrap-seed", type=int, required=True)
 
-    p = sub.add_parser("baseline", help="the most-frequent-tag baseline: dev and test predictions and scores")
-    provenance.add_arguments(p)
-    p.set_defaults(run=baseline)
+
+def _add_baseline(sub) -> None:
+    p = _rule_command(sub, "baseline", "the most-frequent-tag baseline: dev and test predictions and scores",
+                      baseline)
     p.add_argument("--run", dest="run_name", required=True, help="the run's name in the tables")
-    for split in SPLITS:
-        p.add_argument(f"--{split}", required=True)
-    p.add_argument("--extra", type=_extra, action="append", default=[], help="NAME=PATH: an extra test set; "
-                   "repeat")
+    _add_split_arguments(p, None, "NAME=PATH: an extra test set; repeat")
     p.add_argument("--out-dir", required=True, help="results/tagging/<run>")
     p.add_argument("--resamples", type=int, required=True)
     p.add_argument("--bootstrap-seed", type=int, required=True)
 
-    p = sub.add_parser("tables", help="joined scores, paired comparisons and the development plot")
-    provenance.add_arguments(p)
-    p.set_defaults(run=tables)
+
+def _add_table_commands(sub) -> None:
+    """tables and per-tag: what the runs' predictions and scores add up to."""
+    p = _rule_command(sub, "tables", "joined scores, paired comparisons and the development plot", tables)
     p.add_argument("--run-dir", action="append", required=True, help="results/tagging/<run>; repeat")
     p.add_argument("--gold", type=_gold, action="append", default=[], help="SPLIT=PATH (gold file); repeat")
     p.add_argument("--compare", type=_pair, action="append", default=[], help="RUN_A:RUN_B (a - b); repeat")
@@ -190,9 +214,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--caption", required=True, help="what treebank the numbers are on (under the .md tables)")
 
-    p = sub.add_parser("per-tag", help="per-tag accuracy of the best frozen and the best fine-tuned run")
-    provenance.add_arguments(p)
-    p.set_defaults(run=per_tag)
+    p = _rule_command(sub, "per-tag", "per-tag accuracy of the best frozen and the best fine-tuned run",
+                      per_tag)
     p.add_argument("--run-dir", action="append", required=True, help="results/tagging/<run>; repeat")
     p.add_argument("--scores", required=True, help="results/tagging/scores.csv: picks the best runs")
     p.add_argument("--split", required=True, help="the split scored per tag (a run dir's SPLIT.pred.conllu)")
@@ -201,9 +224,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", required=True, help="PNG: grouped bars per tag")
     p.add_argument("--caption", required=True, help="what treebank the numbers are on (under the .md table)")
 
-    p = sub.add_parser("step-time", help="one fine-tuning step in parts: ours against transformers")
-    provenance.add_arguments(p)
-    p.set_defaults(run=step_time)
+
+def _add_step_time(sub) -> None:
+    p = _rule_command(sub, "step-time", "one fine-tuning step in parts: ours against transformers", step_time)
     p.add_argument("--model", nargs=2, action="append", required=True, metavar=("MODEL_DIR", "SOURCE_JSON"),
                    help="results/models/<m> results/sources/<m>/source.json; repeat for more models")
     p.add_argument("--out", required=True, help="results/tagging/step_time.csv (a .md is written beside it)")
@@ -219,6 +242,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", required=True, choices=["auto", "cpu", "cuda"],
                    help="where both implementations step: auto is cuda when torch sees a GPU, else cpu")
 
+
+def _add_predict(sub) -> None:
+    """predict: for users tagging their own files (no rule runs it), so it writes no fragment."""
     p = sub.add_parser("predict", help="tag a CoNLL-U or pre-tokenized text file with a saved pipeline",
                        description="Tag a file with any saved pipeline (a tagging run's, weights inline, or "
                        "the writeback recipe's, with its graph beside it). CoNLL-U output differs from the "
@@ -240,7 +266,6 @@ def parser() -> argparse.ArgumentParser:
                    help="print UPOS accuracy against the input's own tags (CoNLL-U with gold tags)")
     p.add_argument("--resamples", type=int, default=1000, help="--score: bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="--score: bootstrap seed (default 0)")
-    return top
 
 
 def treebank(args) -> int:
