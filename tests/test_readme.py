@@ -1,8 +1,12 @@
-"""The README's commands are the ones CI runs, and the code stays lint-clean."""
+"""The README's commands are the ones CI runs, the links of the README and docs/ resolve, and the code
+stays lint-clean."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from conftest import ROOT
 
@@ -23,3 +27,42 @@ def test_ruff_is_clean():
     result = subprocess.run([str(ruff), "check", "workflow/lib", "tests"], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's id for a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    kept = "".join(c for c in heading.strip().lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    return {_anchor(line.lstrip("#")) for line in page.read_text().splitlines() if line.startswith("#")}
+
+
+def test_links_between_readme_and_docs_resolve():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if "://" in target:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.is_file() or (anchor and anchor not in _anchors(linked)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken
+
+
+def test_readme_links_every_docs_page():
+    readme = (ROOT / "README.md").read_text()
+    unlinked = [p.name for p in (ROOT / "docs").glob("*.md") if f"](docs/{p.name})" not in readme]
+    assert not unlinked, unlinked
+
+
+@pytest.mark.parametrize("heading, anchor", [
+    (" Two commands (a fresh machine with Python 3.11)", "two-commands-a-fresh-machine-with-python-311"),
+    ("Before the cluster: rehearse the full study", "before-the-cluster-rehearse-the-full-study"),
+    ("The `benchmarks` recipe", "the-benchmarks-recipe"),
+])
+def test_anchor_matches_githubs_ids(heading, anchor):
+    assert _anchor(heading) == anchor
