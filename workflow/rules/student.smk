@@ -2,8 +2,8 @@
 # every other encoder into results/models/<student>, and checked against PyTorch. The tagging and
 # write-back recipes use it as a model (model_files(STUDENT) in common.smk).
 # Rule file workflow/rules/student.smk; command `encoder-study student distill|export|parity`
-# (encoder_study.commands.student); library encoder_study.student (architecture, data, objective, train,
-# export).
+# (encoder_study.commands.student); library encoder_study.student (distill, data, objective, architecture,
+# export, parity).
 
 
 rule student_distill:
