@@ -194,7 +194,41 @@ def _parse_sentence(name: str, contents: list[str], start: int, stop: int, lines
                     first_line: int, at: int = 0) -> Sentence:
     """One block of non-blank lines, contents[start:stop], into a Sentence; `at` is added to every line
     number (the lines before the text parsed)."""
-    metadata: dict[str, tuple[str, int]] = {}  # key -> (value, line)
+    metadata, rows = _read_rows(name, contents, start, stop, at)
+    start, stop = start + at, stop + at  # from here on, line numbers only
+    where = f"the sentence at lines {start + 1}-{stop}"
+    if not rows:
+        raise _fail(name, start + 1, f"{where} has comments but no word rows; remove the blank line that "
+                                     "separates these comments from their sentence, or the comments")
+    if "sent_id" not in metadata:
+        raise _fail(name, start + 1, f"{where} has no '# sent_id = ...' comment; give every sentence a "
+                                     "unique id")
+    sent_id = metadata["sent_id"][0]
+    if "text" not in metadata:
+        raise _fail(name, start + 1, f"sentence {sent_id!r} (lines {start + 1}-{stop}) has no "
+                                     "'# text = ...' comment (or an empty one); the text an encoder reads "
+                                     "comes from it: add the sentence's surface text before its first row")
+    text, text_line = metadata["text"]
+    words, surface, multiword, empty = _words(name, rows, sent_id)
+    if not words:
+        raise _fail(name, start + 1, f"sentence {sent_id!r} has no word rows (integer IDs)")
+    ranges = _place(name, sent_id, text, text_line, words, surface)
+    return Sentence(
+        sent_id=sent_id,
+        text=text,
+        words=tuple(Word(i, f, u, *ranges[i], line) for i, f, u, line in words),
+        lines=lines,
+        first_line=first_line,
+        multiword=multiword,
+        empty_nodes=empty,
+    )
+
+
+def _read_rows(name: str, contents: list[str], start: int, stop: int,
+               at: int) -> tuple[dict[str, tuple[str, int]], list[_Row]]:
+    """The comments (key -> (value, line)) and the rows of contents[start:stop], each row's columns
+    and ID checked."""
+    metadata: dict[str, tuple[str, int]] = {}
     rows: list[_Row] = []
     for index in range(start, stop):
         line, content = index + 1 + at, contents[index]
@@ -217,24 +251,14 @@ def _parse_sentence(name: str, contents: list[str], start: int, stop: int, lines
             raise _fail(name, line, f"bad ID {columns[0]!r} ({reason}); a row's ID is a word number (3), "
                                     "a multiword-token range (3-4) or an empty node (3.1)")
         rows.append(_Row(line, columns, row_id))
+    return metadata, rows
 
-    start, stop = start + at, stop + at  # from here on, line numbers only
-    where = f"the sentence at lines {start + 1}-{stop}"
-    if not rows:
-        raise _fail(name, start + 1, f"{where} has comments but no word rows; remove the blank line that "
-                                     "separates these comments from their sentence, or the comments")
-    if "sent_id" not in metadata:
-        raise _fail(name, start + 1, f"{where} has no '# sent_id = ...' comment; give every sentence a "
-                                     "unique id")
-    sent_id = metadata["sent_id"][0]
-    if "text" not in metadata:
-        raise _fail(name, start + 1, f"sentence {sent_id!r} (lines {start + 1}-{stop}) has no "
-                                     "'# text = ...' comment (or an empty one); the text an encoder reads "
-                                     "comes from it: add the sentence's surface text before its first row")
-    text, text_line = metadata["text"]
 
-    # Words in order, and the surface tokens (form, first word, last word, line) to place in the text.
-    words: list[tuple[int, str, str, int]] = []  # (id, form, upos, line)
+def _words(name: str, rows: list[_Row], sent_id: str) -> tuple[list[tuple[int, str, str, int]],
+                                                                list[tuple[str, int, int, int]], int, int]:
+    """The words in order (id, form, upos, line), the surface tokens to place in the text (form, first
+    word, last word, line), and the counts of multiword tokens and empty nodes."""
+    words: list[tuple[int, str, str, int]] = []
     surface: list[tuple[str, int, int, int]] = []
     multiword = empty = 0
     covered_to = 0  # the last word id inside the current multiword token
@@ -266,10 +290,12 @@ def _parse_sentence(name: str, contents: list[str], start: int, stop: int, lines
     if covered_to > len(words):
         raise _fail(name, rows[-1].line, f"sentence {sent_id!r} has a multiword token ending at word "
                                          f"{covered_to} but only {len(words)} words; add its words' rows")
-    if not words:
-        raise _fail(name, start + 1, f"sentence {sent_id!r} has no word rows (integer IDs)")
+    return words, surface, multiword, empty
 
-    # Place each surface token in the text, in order.
+
+def _place(name: str, sent_id: str, text: str, text_line: int, words: list[tuple[int, str, str, int]],
+           surface: list[tuple[str, int, int, int]]) -> dict[int, tuple[int, int]]:
+    """Each word's [start, end) in the text: the surface tokens placed in it in order."""
     ranges: dict[int, tuple[int, int]] = {}
     pos = 0
     for form, first, last, line in surface:
@@ -294,15 +320,7 @@ def _parse_sentence(name: str, contents: list[str], start: int, stop: int, lines
         raise _fail(name, text_line, f"sentence {sent_id!r}: the # text goes on after the last form: "
                                      f"{text[pos:pos + 20]!r} at character {pos} matches no word row; "
                                      "fix the # text or add the missing rows")
-    return Sentence(
-        sent_id=sent_id,
-        text=text,
-        words=tuple(Word(i, f, u, *ranges[i], line) for i, f, u, line in words),
-        lines=lines,
-        first_line=first_line,
-        multiword=multiword,
-        empty_nodes=empty,
-    )
+    return ranges
 
 
 def render(sentences: Sequence[Sentence], predicted_upos: Sequence[Sequence[str]] | None = None) -> str:
