@@ -434,24 +434,22 @@ class _Plan:
     new_bytes: int = 0  # the new initializers' fields, serialised one at a time when written
 
 
-def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
-    path = source.path
-    index = _index(source)
-    _refuse_external(source, index)
-    values: dict[str, np.ndarray] = {}
-    for name, array in replacements.items():
-        array = np.asarray(array)
-        if array.dtype != np.float32:
-            raise WritebackError(f"{path}: the value for {name!r} is {array.dtype}; give float32 arrays "
-                                 "(the graph's weights are float32)")
-        if array.dtype != np.dtype("<f4"):  # a big-endian machine's float32: the file is little-endian
-            array = array.astype("<f4")
-        values[name] = array  # as given (views included): copied a chunk at a time when compared or written
+class _Reads:
+    """What each name of the graph reads, before and after the patch, following Identity nodes.
 
-    roots: dict[str, str | None] = {}  # name -> its stored initializer (None: none); each chain walked once
+    Every chain is walked once (a loop, not recursion, and memoised: a hostile file can chain many
+    Identity nodes), and every comparison with a stored tensor is streamed from the file and
+    memoised, since many Identity names can read one large tensor."""
 
-    def root(name: str) -> str:
+    def __init__(self, source: _Source, index: _Index, values: dict[str, np.ndarray]):
+        self.source, self.index, self.values = source, index, values
+        self.roots: dict[str, str | None] = {}  # name -> its stored initializer (None: none)
+        self.compared: dict[tuple[str, int], bool] = {}  # (stored name, id of a value in `values`) -> equal
+        self.finals: dict[str, np.ndarray | None] = {}
+
+    def root(self, name: str) -> str:
         """The stored initializer `name` reads, following Identity nodes."""
+        index, roots = self.index, self.roots
         chain, seen, at = [], set(), name
         while at not in index.tensors and at not in roots:
             if at not in index.identity or at in seen:
@@ -464,26 +462,21 @@ def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
             roots[link] = found
         if found is None:
             raise WritebackError(
-                f"{path}: {name!r} is neither an initializer nor an Identity of one in this graph; give "
-                "the graph's own names (module_weights_to_graph(encoder, graph) gives them)")
+                f"{self.source.path}: {name!r} is neither an initializer nor an Identity of one in this "
+                "graph; give the graph's own names (module_weights_to_graph(encoder, graph) gives them)")
         return found
 
-    compared: dict[tuple[str, int], bool] = {}  # (stored name, id of a value in `values`) -> equal
-
-    def stored_is(name: str, array: np.ndarray) -> bool:
+    def stored_is(self, name: str, array: np.ndarray) -> bool:
         """Whether `array` equals what `name` stores now. Streamed from the file, never held, so the
-        plan costs no second copy of the replaced tensors; memoised, since many Identity names can
-        read one large tensor."""
-        key = (root(name), id(array))
-        if key not in compared:
-            compared[key] = _stored_equals(source, index.tensors[key[0]], array)
-        return compared[key]
+        plan costs no second copy of the replaced tensors."""
+        key = (self.root(name), id(array))
+        if key not in self.compared:
+            self.compared[key] = _stored_equals(self.source, self.index.tensors[key[0]], array)
+        return self.compared[key]
 
-    finals: dict[str, np.ndarray | None] = {}
-
-    def final(name: str) -> np.ndarray | None:
+    def final(self, name: str) -> np.ndarray | None:
         """What `name` reads after the patch; None when that is its unchanged stored value."""
-        # A loop, not recursion, and memoised: a hostile file can chain many Identity nodes.
+        index, values, finals = self.index, self.values, self.finals
         chain, at = [], name
         while at not in values and at not in index.tensors and at not in finals:
             chain.append(at)
@@ -493,10 +486,60 @@ def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
             finals[link] = found
         return found
 
+
+def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
+    index = _index(source)
+    _refuse_external(source, index)
+    values = _float32_values(source.path, replacements)
+    reads = _Reads(source, index, values)
+    _check_values(source, index, values, reads)
+    report = PatchReport()
+    rewrite, new, drop = {}, {}, set()
+    for name, array in values.items():
+        if name in index.tensors:
+            if reads.stored_is(name, array):
+                report.unchanged.append(name)
+            else:
+                rewrite[name] = array
+                report.rewritten.append(name)
+        else:
+            old = reads.final(index.identity[name].inputs[0])
+            if reads.stored_is(name, array) if old is None else bitwise_equal(array, old):
+                report.unchanged.append(name)
+            else:
+                new[name] = array
+                drop.add(index.identity[name].span.start)
+                report.materialized.append(name)
+    _refuse_unreplaced_readers(source.path, index, values, reads)
+    plan = _Plan(index, rewrite, new, drop, report)
+    _layout(source, plan)
+    if plan.size > MAX_OUTPUT:
+        raise WritebackError(f"{source.path}: the result would be {plan.size} bytes, over protobuf's 2 GiB "
+                             "limit for one ONNX file; keep these weights in the pipeline file instead")
+    return plan
+
+
+def _float32_values(path: Path, replacements: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The replacements as little-endian float32 arrays; any other dtype is refused."""
+    values: dict[str, np.ndarray] = {}
+    for name, array in replacements.items():
+        array = np.asarray(array)
+        if array.dtype != np.float32:
+            raise WritebackError(f"{path}: the value for {name!r} is {array.dtype}; give float32 arrays "
+                                 "(the graph's weights are float32)")
+        if array.dtype != np.dtype("<f4"):  # a big-endian machine's float32: the file is little-endian
+            array = array.astype("<f4")
+        values[name] = array  # as given (views included): copied a chunk at a time when compared or written
+    return values
+
+
+def _check_values(source: _Source, index: _Index, values: dict[str, np.ndarray], reads: _Reads) -> None:
+    """Refuse a name the graph does not store a float32 tensor under, or a value of another shape."""
+    path = source.path
     for name, array in values.items():
         if name in index.tensors and name in index.identity:
             raise source.malformed(f"{name!r} is both an initializer and an Identity output")
-        t = index.tensors[root(name)]
+        t = index.tensors[reads.root(name)]
         if t.data_type != FLOAT:
             raise WritebackError(f"{path}: {name!r} is stored as data type {t.data_type}, not float32 (1); "
                                  "only float32 weights are written back: export the model in float32")
@@ -505,43 +548,23 @@ def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
                                  f"is {t.dims} (linear weights go in as [in, out]; module_weights_to_graph "
                                  "gives the graph's layout)")
 
-    report = PatchReport()
-    rewrite, new, drop = {}, {}, set()
-    for name, array in values.items():
-        if name in index.tensors:
-            if stored_is(name, array):
-                report.unchanged.append(name)
-            else:
-                rewrite[name] = array
-                report.rewritten.append(name)
-        else:
-            reads = final(index.identity[name].inputs[0])
-            if stored_is(name, array) if reads is None else bitwise_equal(array, reads):
-                report.unchanged.append(name)
-            else:
-                new[name] = array
-                drop.add(index.identity[name].span.start)
-                report.materialized.append(name)
-    # A name not replaced that reads a changed tensor through Identity would silently change too.
+
+def _refuse_unreplaced_readers(path: Path, index: _Index, values: dict[str, np.ndarray],
+                               reads: _Reads) -> None:
+    """A name not replaced that reads a changed tensor through Identity would silently change too."""
     for name, node in index.identity.items():
         if name in values or name in index.tensors:
             continue
         try:
-            stored = root(name)
+            stored = reads.root(name)
         except WritebackError:
             continue  # an Identity of a computed value; no weight of ours
-        reads = final(node.inputs[0])
-        if reads is not None and not stored_is(stored, reads):
+        after = reads.final(node.inputs[0])
+        if after is not None and not reads.stored_is(stored, after):
             via = next(n for n in [node.inputs[0], stored] if n in values)
             raise WritebackError(
                 f"{path}: {via!r} changes, but {name!r} reads the same stored tensor {stored!r} through an "
                 f"Identity node and is not replaced; give {name!r} a value too (the old one to keep it)")
-    plan = _Plan(index, rewrite, new, drop, report)
-    _layout(source, plan)
-    if plan.size > MAX_OUTPUT:
-        raise WritebackError(f"{path}: the result would be {plan.size} bytes, over protobuf's 2 GiB limit "
-                             "for one ONNX file; keep these weights in the pipeline file instead")
-    return plan
 
 
 def _tensor_pieces(source: _Source, t: _Tensor, value: np.ndarray, report: PatchReport) -> list:
