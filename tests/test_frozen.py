@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 
-from encoder_study import files, manifest
+from encoder_study import files, manifest, runtime
 from encoder_study.frozen import EncoderError, FrozenEncoder
 from encoder_study.tokens import (
     Doc,
@@ -379,6 +379,14 @@ def test_batches_are_sorted_padded_and_do_not_change_results(tiny_exports, name)
         assert mask.shape[1] == mask.sum(axis=1).max()  # padded to the batch's longest, no more
         assert (ids[mask == 0] == pad_id).all()
         assert (np.diff(mask, axis=1) <= 0).all()  # right padding: ones, then zeros
+
+
+def test_pad_batch_pads_rows_on_the_right_with_the_pad_id():
+    ids, mask = runtime.pad_batch([np.array([5, 6, 7], np.int32), [8]], 1)
+    assert ids.dtype == mask.dtype == np.int64
+    assert ids.tolist() == [[5, 6, 7], [8, 1, 1]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    ids, mask = runtime.pad_batch([[8]], 0, width=3)  # a width beyond the longest row
+    assert ids.tolist() == [[8, 0, 0]] and mask.tolist() == [[1, 0, 0]]
 
 
 def test_caching_runs_each_document_once(tiny_exports):

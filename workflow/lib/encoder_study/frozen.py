@@ -177,12 +177,7 @@ class FrozenEncoder:
 
     def _forward(self, sequences: list[np.ndarray]) -> np.ndarray:
         """Right-pad the sequences to the longest and run them as one batch."""
-        length = max(len(s) for s in sequences)
-        input_ids = np.full((len(sequences), length), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(sequences), length), dtype=np.int64)
-        for i, seq in enumerate(sequences):
-            input_ids[i, :len(seq)] = seq
-            mask[i, :len(seq)] = 1
+        input_ids, mask = runtime.pad_batch(sequences, self.pad_id)
         out = self.session.run([OUTPUT], {"input_ids": input_ids, "attention_mask": mask})[0]
         self.windows_run += len(sequences)
         return np.asarray(out, dtype=np.float32)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -37,8 +38,9 @@ def usable_positions(config: dict) -> int | None:
     return int(n)
 
 
-def pad_batch(rows: list[list[int]], pad_id: int, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded `input_ids` and `attention_mask` (int64) for rows of piece ids."""
+def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded `input_ids` and `attention_mask` (int64) for rows of piece ids (lists or arrays),
+    as wide as the longest row or `width`, whichever is more. The one padding of every batch."""
     width = max(width, *(len(r) for r in rows))
     ids = np.full((len(rows), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(rows), width), dtype=np.int64)

@@ -29,7 +29,7 @@ from torch import nn
 
 from .. import files, machine, manifest, trainable
 from ..frozen import EncoderError, open_export
-from ..runtime import usable_positions
+from ..runtime import pad_batch, usable_positions
 from ..tokens import Doc, DocPieces, PieceTokenizer, check_pooling
 
 CHECKPOINT_FORMAT = "encoder_study.trainable.words/1"
@@ -177,13 +177,8 @@ class TrainableEncoder(nn.Module):
 
     def _run(self, sequences: list[np.ndarray], device) -> torch.Tensor:
         """Right-pad the sequences to the longest (masked keys) and run them as one batch."""
-        length = max(len(s) for s in sequences)
         # The filler id keeps RoBERTa-style positions on the padding row; its keys are masked anyway.
-        input_ids = np.full((len(sequences), length), self.encoder.filler_id, dtype=np.int64)
-        mask = np.zeros((len(sequences), length), dtype=np.int64)
-        for i, seq in enumerate(sequences):
-            input_ids[i, :len(seq)] = seq
-            mask[i, :len(seq)] = 1
+        input_ids, mask = pad_batch(sequences, self.encoder.filler_id)
         self.windows_run += len(sequences)
         return self.encoder(torch.from_numpy(input_ids).to(device), torch.from_numpy(mask).to(device))
 
