@@ -430,23 +430,52 @@ def _read_document(doc: _Document, file_key: str, data: bytes | Exception, claim
                    ) -> list[Text]:
     """The non-empty paragraphs of one UDHR file, keyed by their place in the document; [] (and an
     anomaly saying why) for a file that cannot be read."""
+    try:
+        root = _udhr_root(data)
+        _check_namespace(doc, root)
+        key = _document_key(doc, root, file_key, claimed)
+        lang, script = _document_language(doc, root, key)
+    except _Skip as skip:
+        return doc.skip(str(skip))
+    found = _document_texts(doc, root, key, lang, script)
+    if not found:
+        return doc.skip("no non-empty paragraph in a <preamble> or <article>")
+    claimed[key] = doc.short
+    return found
+
+
+class _Skip(Exception):
+    """Why a UDHR file is skipped: an anomaly of the selection, never an error."""
+
+
+def _udhr_root(data: bytes | Exception) -> ET.Element:
+    """The file's <udhr> element; _Skip when there is none."""
     if isinstance(data, Exception):
-        return doc.skip(f"could not be read ({type(data).__name__}: {data})")
+        raise _Skip(f"could not be read ({type(data).__name__}: {data})")
     try:
         root = ET.fromstring(data)
     except ET.ParseError as err:
         line, column = err.position
         reason = re.sub(r": line \d+, column \d+$", "", str(err))  # the place is said already
-        return doc.skip(f"not well-formed XML at line {line}, column {column} ({reason})")
+        raise _Skip(f"not well-formed XML at line {line}, column {column} ({reason})") from err
     except (ValueError, LookupError) as err:  # e.g. an encoding expat does not know
-        return doc.skip(f"not readable as XML ({err})")
+        raise _Skip(f"not readable as XML ({err})") from err
     if _local(root.tag) != "udhr":
-        return doc.skip(f"root element is <{_local(root.tag) or root.tag}>, not <udhr>")
+        raise _Skip(f"root element is <{_local(root.tag) or root.tag}>, not <udhr>")
+    return root
+
+
+def _check_namespace(doc: _Document, root: ET.Element) -> None:
+    """Another namespace is odd but readable: the elements are read by their names alone."""
     namespace = root.tag[1:].partition("}")[0] if root.tag.startswith("{") else ""
     if namespace != UDHR_NS:
         shown = f"namespace {namespace!r}" if namespace else "no namespace"
         doc.odd(f"<udhr> in {shown}, not {UDHR_NS}", "read it by element names alone")
 
+
+def _document_key(doc: _Document, root: ET.Element, file_key: str, claimed: dict[str, str]) -> str:
+    """The key attribute, else the file name's key; _Skip when neither is usable or an earlier file
+    claimed it."""
     attribute = root.get("key")
     if attribute is not None and UDHR_KEY.fullmatch(attribute.strip()):
         key = attribute.strip()
@@ -457,21 +486,27 @@ def _read_document(doc: _Document, file_key: str, data: bytes | Exception, claim
         doc.odd("no key attribute" if attribute is None else f"key={attribute!r} is not a usable key",
                 f"used the file name's key {file_key!r}")
     else:
-        return doc.skip(f"no usable key (attribute {attribute!r}, file name {file_key!r})")
+        raise _Skip(f"no usable key (attribute {attribute!r}, file name {file_key!r})")
     if key in claimed:
-        return doc.skip(f"key {key!r} was already read from {claimed[key]} (files are read in name order)")
+        raise _Skip(f"key {key!r} was already read from {claimed[key]} (files are read in name "
+                        "order)")
+    return key
 
+
+def _document_language(doc: _Document, root: ET.Element, key: str) -> tuple[str, str | None]:
+    """(language, script) from the attributes, else from the key and the registry; _Skip when the
+    language is unknown."""
     code = root.get("iso639-3")
     if code is not None:
         code = code.strip()
         if not LANG_CODE.fullmatch(code):
-            return doc.skip(f"iso639-3={code!r} is not an ISO 639-3 code (three lowercase letters), so "
+            raise _Skip(f"iso639-3={code!r} is not an ISO 639-3 code (three lowercase letters), so "
                             "its language is unknown")
         lang = code
     else:
         lang = key.split("_")[0]
         if not LANG_CODE.fullmatch(lang):
-            return doc.skip(f"no iso639-3 attribute, and the key {key!r} does not begin with a code")
+            raise _Skip(f"no iso639-3 attribute, and the key {key!r} does not begin with a code")
         doc.odd("no iso639-3 attribute", f"took the language {lang!r} from the key")
     script = root.get("iso15924")
     registered = LANGUAGES.get(lang, (None, None))[1]
@@ -480,8 +515,11 @@ def _read_document(doc: _Document, file_key: str, data: bytes | Exception, claim
                 f"used the registry's script {registered!r}" if registered else
                 "no script: its texts are not eligible")
         script = None
-    script = script.strip() if script is not None else registered
+    return lang, script.strip() if script is not None else registered
 
+
+def _document_texts(doc: _Document, root: ET.Element, key: str, lang: str, script: str | None) -> list[Text]:
+    """The non-empty paragraphs of the preambles and articles, keyed by their place."""
     found: list[Text] = []
     empty: list[str] = []
     preambles = articles = 0
@@ -489,23 +527,11 @@ def _read_document(doc: _Document, file_key: str, data: bytes | Exception, claim
         name = _local(child.tag)
         if name == "preamble":
             preambles += 1
-            section = "preamble" if preambles == 1 else f"preamble-{preambles}"
-            if preambles > 1:
-                doc.odd(f"<preamble> number {preambles} in the file", f"read it as {section}")
-            element_name = "preamble"
         elif name == "article":
             articles += 1
-            section = f"article-{articles}"  # its place among the articles, whatever it is numbered
-            number = child.get("number")
-            element_name = "article" if number is None else f"article number={number!r}"
-            if number is None:
-                doc.odd(f"article {articles} (in document order) has no number attribute",
-                        f"keyed by its place: {section}")
-            elif number.strip() != str(articles):
-                doc.odd(f"article {articles} (in document order) is numbered {number!r}",
-                        f"keyed by its place: {section}")
         else:
             continue  # title, note: not the declaration's text
+        section, element_name = _section(doc, child, name, preambles, articles)
         paras = 0
         for index, para in enumerate(_paragraphs(child), 1):
             paras = index
@@ -521,10 +547,27 @@ def _read_document(doc: _Document, file_key: str, data: bytes | Exception, claim
             doc.odd(f"{section} has no paragraph", "nothing to read there")
     if empty:
         doc.odd(f"{len(empty)} empty paragraph(s): {_listed(empty)}", "skipped them")
-    if not found:
-        return doc.skip("no non-empty paragraph in a <preamble> or <article>")
-    claimed[key] = doc.short
     return found
+
+
+def _section(doc: _Document, child: ET.Element, name: str, preambles: int, articles: int) -> tuple[str, str]:
+    """(section, element as messages name it) of the `preambles`-th preamble or the `articles`-th
+    article: keyed by its place, whatever it is numbered."""
+    if name == "preamble":
+        section = "preamble" if preambles == 1 else f"preamble-{preambles}"
+        if preambles > 1:
+            doc.odd(f"<preamble> number {preambles} in the file", f"read it as {section}")
+        return section, "preamble"
+    section = f"article-{articles}"  # its place among the articles, whatever it is numbered
+    number = child.get("number")
+    element_name = "article" if number is None else f"article number={number!r}"
+    if number is None:
+        doc.odd(f"article {articles} (in document order) has no number attribute",
+                f"keyed by its place: {section}")
+    elif number.strip() != str(articles):
+        doc.odd(f"article {articles} (in document order) is numbered {number!r}",
+                f"keyed by its place: {section}")
+    return section, element_name
 
 
 def read_udhr(path: str | os.PathLike, stats: SourceStats | None = None) -> Iterator[Text]:
