@@ -281,8 +281,7 @@ def read_tatoeba(path: str | os.PathLike, stats: SourceStats | None = None) -> I
     """Every sentence of a Tatoeba export with a language code; malformed lines raise TextError."""
     path = Path(path)
     stats = stats if stats is not None else SourceStats()
-    seen = bytearray()  # one bit per sentence id: duplicates found without a set of 13 million ints
-    seen_large: set[int] = set()
+    seen = _SeenIds()
     good_codes: set[str] = set()  # codes already checked: the check runs once per language, not per line
     before = (stats.no_language, stats.empty_language, stats.not_iso)  # the stats may span several reads
     with _open_tatoeba(path) as (name, stream):
@@ -300,16 +299,7 @@ def read_tatoeba(path: str | os.PathLike, stats: SourceStats | None = None) -> I
                 raise TextError(f"{where}: sentence id {shown} is not a positive integer; fix or remove the "
                                 "line")
             n = int(sid)
-            if n < 1 << 27:
-                byte, bit = divmod(n, 8)
-                if byte >= len(seen):
-                    seen.extend(bytes(byte + 1 - len(seen) + (1 << 16)))
-                duplicate = seen[byte] >> bit & 1
-                seen[byte] |= 1 << bit
-            else:
-                duplicate = n in seen_large
-                seen_large.add(n)
-            if duplicate:
+            if seen.add(n):
                 raise TextError(f"{where}: sentence id {n} occurs on an earlier line too; ids must be "
                                 "unique: remove one of the lines")
             text = (text or "").strip()
@@ -330,6 +320,33 @@ def read_tatoeba(path: str | os.PathLike, stats: SourceStats | None = None) -> I
             script = LANGUAGES.get(lang, (None, None))[1]
             yield Text(f"tatoeba:{n}", "tatoeba", lang, script, text, where)
     short = path.name if name == str(path) else f"{path.name}:{name[len(str(path)) + 1:]}"
+    _note_skipped_languages(stats, before, short)
+
+
+class _SeenIds:
+    """The sentence ids read so far: one bit per id below 2**27, so that duplicates are found without
+    a set of 13 million ints; larger ids (none in Tatoeba's export) in a set."""
+
+    def __init__(self) -> None:
+        self.bits = bytearray()
+        self.large: set[int] = set()
+
+    def add(self, n: int) -> bool:
+        """Record id `n`; whether it was seen before."""
+        if n < 1 << 27:
+            byte, bit = divmod(n, 8)
+            if byte >= len(self.bits):
+                self.bits.extend(bytes(byte + 1 - len(self.bits) + (1 << 16)))
+            duplicate = self.bits[byte] >> bit & 1
+            self.bits[byte] |= 1 << bit
+            return bool(duplicate)
+        duplicate = n in self.large
+        self.large.add(n)
+        return duplicate
+
+
+def _note_skipped_languages(stats: SourceStats, before: tuple[int, int, int], short: str) -> None:
+    """An anomaly for each kind of language field this read skipped (counts since `before`)."""
     counts = (stats.no_language, stats.empty_language, stats.not_iso)
     whats = ("language \\N (unknown)", "an empty language field (an old Tatoeba bug; means \\N)",
              f"a code that names no natural language ({', '.join(sorted(TATOEBA_NOT_ISO))})")
