@@ -31,7 +31,21 @@ def parser() -> argparse.ArgumentParser:
     """`encoder-study parity ...`: the parity texts, ONNX Runtime against PyTorch, latency, the tables."""
     top = argparse.ArgumentParser(prog="encoder-study parity", description=parser.__doc__)
     sub = top.add_subparsers(dest="subcommand", required=True)
+    _add_text_commands(sub)
+    _add_model_commands(sub)
+    p = sub.add_parser("table", help="gather per-model rows into a table, its Markdown (and the plot)")
+    provenance.add_arguments(p)
+    p.set_defaults(run=table)
+    p.add_argument("--kind", choices=["inference", "trainable", "latency"], required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--markdown", required=True)
+    p.add_argument("--plot", help="PNG: inference, per-token differences; latency, bars with their spread")
+    p.add_argument("parts", nargs="+", help="per-model CSVs (and, for inference, their .npy beside them)")
+    return top
 
+
+def _add_text_commands(sub) -> None:
+    """fetch and select: the parity texts."""
     p = sub.add_parser("fetch", help="fetch a text source (URL, file:// URL or path) to a file")
     provenance.add_arguments(p)
     p.set_defaults(run=fetch)
@@ -57,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated ISO 639-3 codes to draw from; empty: every registered language")
     p.add_argument("--out", required=True, help="results/texts/parity_texts.jsonl")
 
+
+def _add_model_commands(sub) -> None:
+    """inference, trainable, latency: one model's rows."""
     for name, run, help_ in (
             ("inference", inference, "ONNX Runtime against PyTorch, one model, every token"),
             ("trainable", trainable, "the trainable modules against PyTorch and ONNX Runtime, one model"),
@@ -79,16 +96,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, required=True, help="at least this many calls per cell")
     p.add_argument("--min-seconds", type=float, required=True,
                    help="at least this many seconds of calls per cell (and for the GEMM probe)")
-
-    p = sub.add_parser("table", help="gather per-model rows into a table, its Markdown (and the plot)")
-    provenance.add_arguments(p)
-    p.set_defaults(run=table)
-    p.add_argument("--kind", choices=["inference", "trainable", "latency"], required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--markdown", required=True)
-    p.add_argument("--plot", help="PNG: inference, per-token differences; latency, bars with their spread")
-    p.add_argument("parts", nargs="+", help="per-model CSVs (and, for inference, their .npy beside them)")
-    return top
 
 
 def _record(frag: provenance.Fragment, report) -> None:
