@@ -32,7 +32,7 @@ from conllu.parser import parse_comment_line, parse_id_value
 from .. import files
 from ..errors import UserError
 from ..tables import markdown_table
-from ..tokens import Doc
+from .doc import Doc
 
 UPOS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN",
         "PUNCT", "SCONJ", "SYM", "VERB", "X")
