@@ -117,21 +117,43 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
         if family == "postnorm" and not student:
             folded = _folded_positions(streamed, graph_names, prefix)
 
-    module = FAMILIES[family][0]
     if include_tokens is None:
         include_tokens = not encoder.embeddings_frozen
     params = dict(encoder.named_parameters())
     if student:
-        # The student layout: names fixed by the export, layout known by name, no anonymous weights.
-        student_names = pn.student_names(encoder.settings.layers)
-        extra = sorted(set(params) ^ set(student_names))
-        if extra:
-            raise WritebackError(f"{path}: a distilled student's graph, but the encoder's parameters "
-                                 f"do not match its names ({', '.join(extra[:3])}); it was not read from "
-                                 "this graph")
-        return {prefix + theirs: _param(params[param], pn.student_linear(param))
-                for param, theirs in student_names.items() if param != "tokens.weight" or include_tokens}
-    family_names = module.weight_names(encoder.settings.layers)
+        return _student_weights(path, encoder, params, prefix, include_tokens)
+    module = FAMILIES[family][0]
+    out = _family_weights(path, module.weight_names(encoder.settings.layers), params, graph_names, prefix,
+                          include_tokens)
+    if folded is not None:
+        positions, types = folded
+        mine = _param(params["positions"])
+        if not patch.bitwise_equal(mine, positions):
+            out[prefix + pn.POSITIONS] = mine
+            if types is not None:
+                out[prefix + pn.TOKEN_TYPES] = np.zeros_like(types)
+    return out
+
+
+def _student_weights(path: Path, encoder, params: dict, prefix: str, include_tokens: bool
+                     ) -> dict[str, np.ndarray]:
+    """The student layout: names fixed by the export, layout known by name, no anonymous weights."""
+    from .trainable import postnorm as pn
+
+    student_names = pn.student_names(encoder.settings.layers)
+    extra = sorted(set(params) ^ set(student_names))
+    if extra:
+        raise WritebackError(f"{path}: a distilled student's graph, but the encoder's parameters "
+                             f"do not match its names ({', '.join(extra[:3])}); it was not read from "
+                             "this graph")
+    return {prefix + theirs: _param(params[param], pn.student_linear(param))
+            for param, theirs in student_names.items() if param != "tokens.weight" or include_tokens}
+
+
+def _family_weights(path: Path, family_names: dict[str, str], params: dict, graph_names: names.WeightNames,
+                    prefix: str, include_tokens: bool) -> dict[str, np.ndarray]:
+    """A family's weights by their graph names: linear weights [in, out] under every name its MatMuls
+    read, the others under their own (the BERT family's positions apart)."""
     missing = set(params) - set(family_names) - {"positions"}
     if missing:
         raise WritebackError(f"{path}: the encoder has parameters with no graph name "
@@ -147,13 +169,6 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
                 out[read] = value  # one array for the names one module's MatMuls read
         else:
             out[full] = _param(params[param])
-    if folded is not None:
-        positions, types = folded
-        mine = _param(params["positions"])
-        if not patch.bitwise_equal(mine, positions):
-            out[prefix + pn.POSITIONS] = mine
-            if types is not None:
-                out[prefix + pn.TOKEN_TYPES] = np.zeros_like(types)
     return out
 
 
