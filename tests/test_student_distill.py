@@ -226,19 +226,19 @@ def test_streamed_documents_read_pinned_revisions(monkeypatch):
                      {"text": f"{config} three"}])
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    sources = [{"dataset": "HuggingFaceFW/fineweb-2", "revision": "abc123",
+    sources = [{"dataset": "HuggingFaceFW/fineweb-2", "revision": "A" * 40,
                 "configs": {"fra": "fra_Latn", "deu": "deu_Latn"}, "max_documents": 3},
-               {"dataset": "wikimedia/wikipedia", "revision": "def456", "configs": {"fra": "20231101.fr"},
+               {"dataset": "wikimedia/wikipedia", "revision": "d" * 40, "configs": {"fra": "20231101.fr"},
                 "max_documents": 5, "max_chars": 30}]
     docs = list(data.streamed_documents(sources))
-    assert calls == [("HuggingFaceFW/fineweb-2", "deu_Latn", "train", True, "abc123"),
-                     ("HuggingFaceFW/fineweb-2", "fra_Latn", "train", True, "abc123"),
-                     ("wikimedia/wikipedia", "20231101.fr", "train", True, "def456")]
+    assert calls == [("HuggingFaceFW/fineweb-2", "deu_Latn", "train", True, "a" * 40),  # lowercased
+                     ("HuggingFaceFW/fineweb-2", "fra_Latn", "train", True, "a" * 40),
+                     ("wikimedia/wikipedia", "20231101.fr", "train", True, "d" * 40)]
     assert [(d.lang, d.text) for d in docs] == [
         ("deu", "deu_Latn one"), ("deu", "deu_Latn two"),  # 3 rows read, the blank one skipped
         ("fra", "fra_Latn one"), ("fra", "fra_Latn two"),
         ("fra", "20231101.fr one"), ("fra", "20231101.fr two")]  # 30 characters cap the third
-    with pytest.raises(StudentError, match="pinned revision"):
+    with pytest.raises(StudentError, match="no revision to stream at"):  # resolve_revisions first
         list(data.streamed_documents([{"dataset": "x", "revision": "", "configs": {"fra": "f"}}]))
 
 

@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 
 from .. import manifest, provenance
@@ -43,6 +44,37 @@ def _short(value):
     return f"{value:.4g}" if isinstance(value, float) else value
 
 
+def _streamed(args, frag) -> list:
+    """The streamed corpus's documents, each Hub dataset read at one commit: the config's, or (revision
+    empty) the repository's current one, recorded in the fragment and printed as the pin to give."""
+    from ..student import StudentError, data
+
+    given = [data.StreamSource.from_dict(s) for s in args.streams]
+    if args.amounts is not None:
+        data.check_amounts(given, args.amounts)
+    unpinned = [s.dataset for s in given if s.local is None and not s.revision]
+    if unpinned and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise StudentError(f"{unpinned}: with several processes every revision must be given (each process "
+                           "would read the current commit on its own); run once with student.processes 1, "
+                           "or take the commit from huggingface_hub.HfApi().dataset_info(name).sha")
+    sources = data.resolve_revisions(given)
+    for old, new in zip(given, sources, strict=True):
+        if new.local is not None or frag is None:
+            continue
+        if old.revision:
+            frag.note(f"{new.dataset}: revision {new.revision} (pinned; the data were read at this commit)")
+            continue
+        frag.note(f"{new.dataset}: revision {new.revision}: the repository's current commit at this run, "
+                  "not pinned; put it in the config (student.corpus.streams[].revision) to make the next "
+                  "run read the same data")
+        print(f"encoder-study student distill: {new.dataset} read at revision {new.revision} (not pinned: "
+              "put it in the config's student.corpus.streams[].revision)", file=sys.stderr)
+    if frag is not None:
+        frag.settings["stream revisions"] = ", ".join(
+            sorted({f"{s.dataset}@{s.revision}" for s in sources if s.local is None}))
+    return list(data.streamed_documents(sources))
+
+
 def distill(args) -> int:
     from .. import machine, tables
     from ..student import data
@@ -59,8 +91,7 @@ def distill(args) -> int:
     fragment = provenance.Fragment(args.provenance, shown, threads=threads)
     with fragment if rank_zero else contextlib.nullcontext() as frag:
         if args.streams:
-            sources = [data.StreamSource.from_dict(s) for s in args.streams]
-            documents, amounts = list(data.streamed_documents(sources)), args.amounts
+            documents, amounts = _streamed(args, frag), args.amounts
         else:
             documents, amounts = data.embedded_documents(args.tatoeba, args.udhr), None
         rows = library.distill(args.teacher_dir, documents, args.student, training, args.checkpoint, args.out,

@@ -28,7 +28,7 @@ import itertools
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ from ..tokens import PieceTokenizer
 from . import StudentError
 
 TRAIN_STREAM, STATS_STREAM = 0, 1  # separate draws for training batches and the statistics sample
+COMMIT_DIGITS = 40  # a Hub repository's commit: a full SHA-1 in hexadecimal
 
 
 @dataclass(frozen=True)
@@ -161,11 +162,17 @@ def embedded_documents(tatoeba: str | os.PathLike | None, udhr: str | os.PathLik
 
 @dataclass(frozen=True)
 class StreamSource:
-    """A Hugging Face dataset read by streaming at a pinned revision.
+    """A Hugging Face dataset read by streaming at one commit of its repository.
 
+    `revision`: the commit (40 hexadecimal digits), or empty: `resolve_revisions` then reads the
+    repository's current commit at the run's start, which the run records and prints as the pin to give.
     `configs`: language code -> the dataset's configuration (FineWeb-2 `fra_Latn`, Wikipedia
     `20231101.fr`); at most `max_documents` documents (and `max_chars` characters) per language are
     taken, in the dataset's order.
+
+    `local`: a directory holding one `<config>.jsonl` per configuration, rows in the dataset's format,
+    read through the same streaming reader (`datasets`' json builder) without the Hub and without a
+    revision; config/rehearsal.yaml's stand-ins, which the workflow writes.
     """
 
     dataset: str
@@ -175,16 +182,73 @@ class StreamSource:
     text_field: str = "text"
     max_documents: int = 1000
     max_chars: int | None = None
+    local: str | None = None
 
     @classmethod
     def from_dict(cls, values: Mapping) -> StreamSource:
+        """A source from its config row; a given revision is checked and lowercased, an empty one kept."""
         source = cls(**values)
-        if not source.revision or not isinstance(source.revision, str):
-            raise StudentError(f"{source.dataset}: a streamed source needs a pinned revision (a commit hash)")
         if source.max_documents < 1:
             raise StudentError(f"{source.dataset}: max_documents must be positive, "
                                f"got {source.max_documents}")
-        return source
+        if source.local is not None:
+            return source
+        return replace(source, revision=commit(source.revision, source.dataset) or "")
+
+
+def commit(revision: str | None, dataset: str) -> str | None:
+    """A dataset commit in lowercase, or None when none is given ('' or None).
+
+    Anything else than 40 hexadecimal digits (a branch, a tag, a short hash) is refused: only a commit
+    names data that cannot move.
+    """
+    if not revision:
+        return None
+    value = revision.strip().lower() if isinstance(revision, str) else ""
+    if len(value) != COMMIT_DIGITS or any(c not in "0123456789abcdef" for c in value):
+        raise StudentError(f"{dataset}: revision {revision!r} is not a commit ({COMMIT_DIGITS} hexadecimal "
+                           "digits); give the dataset repository's commit, or an empty string to read and "
+                           "record its current one")
+    return value
+
+
+def resolve_revisions(sources: Sequence[StreamSource], api=None) -> list[StreamSource]:
+    """The sources, each Hub source at a commit: a given one as it is, an empty one replaced by the
+    dataset repository's current commit (`api.dataset_info(dataset).sha`, one call per dataset; `api`
+    default huggingface_hub.HfApi()). Local stand-ins need none and stay as they are."""
+    current: dict[str, str] = {}
+    resolved = []
+    for source in sources:
+        if source.local is None and not source.revision:
+            if source.dataset not in current:
+                current[source.dataset] = _current_commit(source.dataset, api)
+            source = replace(source, revision=current[source.dataset])
+        resolved.append(source)
+    return resolved
+
+
+def _current_commit(dataset: str, api) -> str:
+    if api is None:
+        from huggingface_hub import HfApi  # the full study only, as `datasets`
+
+        api = HfApi()
+    try:
+        sha = api.dataset_info(dataset).sha
+    except Exception as err:  # network, authentication, a misspelt name: the Hub's own words say which
+        raise StudentError(f"{dataset}: could not read the dataset repository's current commit from the "
+                           f"Hub ({err}); give its revision (a commit) in the config") from err
+    found = commit(sha, dataset)
+    if found is None:
+        raise StudentError(f"{dataset}: the Hub named no commit for the dataset repository")
+    return found
+
+
+def check_amounts(sources: Iterable[StreamSource], amounts: Mapping[str, float]) -> None:
+    """Refuse, before any download, a language that the sources stream and `amounts` does not size."""
+    missing = sorted({lang for source in sources for lang in source.configs} - set(amounts))
+    if missing:
+        raise StudentError(f"no amount of text given for languages {missing}: add them to "
+                           "student.corpus.amounts (the same unit as the others)")
 
 
 def streamed_documents(sources: Iterable[StreamSource | Mapping]) -> Iterator[Document]:
@@ -196,9 +260,17 @@ def streamed_documents(sources: Iterable[StreamSource | Mapping]) -> Iterator[Do
 
     for source in sources:
         source = source if isinstance(source, StreamSource) else StreamSource.from_dict(source)
+        if source.local is None and not source.revision:
+            raise StudentError(f"{source.dataset}: no revision to stream at; resolve_revisions gives the "
+                               "dataset repository's current commit")
         for lang in sorted(source.configs):
-            rows = datasets.load_dataset(source.dataset, source.configs[lang], split=source.split,
-                                         streaming=True, revision=source.revision)
+            if source.local is not None:
+                path = os.path.join(source.local, f"{source.configs[lang]}.jsonl")
+                rows = datasets.load_dataset("json", data_files={source.split: path}, split=source.split,
+                                             streaming=True)
+            else:
+                rows = datasets.load_dataset(source.dataset, source.configs[lang], split=source.split,
+                                             streaming=True, revision=source.revision)
             chars = 0
             for row in itertools.islice(rows, source.max_documents):
                 text = (row.get(source.text_field) or "").strip()
