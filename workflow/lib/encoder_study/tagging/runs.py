@@ -17,14 +17,13 @@ A run directory (results/tagging/<run>/) holds:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from .. import files, tables
-from ..data import conllu
+from ..data import SPLITS, conllu
 from ..data.conllu import Sentence
 from ..errors import UserError
 from ..frozen import FrozenEncoder
@@ -37,7 +36,7 @@ RUN_JSON = "run.json"
 SCORES = "scores.csv"
 HISTORY = "history.csv"
 HISTORY_COLUMNS = ["step", "epoch", "train_loss", "dev_upos"]
-SPLITS = ("dev", "test")
+SCORED = SPLITS[1:]  # dev and test: every run scores them
 
 
 class RunError(UserError, ValueError):
@@ -47,7 +46,7 @@ class RunError(UserError, ValueError):
 def scored_splits(paths: dict[str, str | os.PathLike]) -> tuple[str, ...]:
     """The splits a run scores: dev, test, then every other name of `paths` but train (the extra test
     sets, in the order given). Only train trains and only dev selects; the others are scored once."""
-    return (*SPLITS, *(name for name in paths if name not in ("train", *SPLITS)))
+    return (*SCORED, *(name for name in paths if name not in SPLITS))
 
 
 def pred_path(out_dir: str | os.PathLike, split: str) -> Path:
@@ -235,18 +234,7 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
     (same resampled sentences for both). `references` are runs whose development score the plot draws
     as a dashed line (the baseline, say). Runs are named by their run.json.
     """
-    runs: dict[str, Path] = {}
-    inputs: list[Path] = []
-    scores: list[dict] = []
-    for run_dir in run_dirs:
-        run_dir = Path(run_dir)
-        record = read_record(run_dir / RUN_JSON)
-        name = record["run"]
-        if name in runs:
-            raise RunError(f"run {name!r} is in both {runs[name]} and {run_dir}")
-        runs[name] = run_dir
-        scores += tables.read_csv(run_dir / SCORES)
-        inputs += [run_dir / RUN_JSON, run_dir / SCORES]
+    runs, scores, inputs = _read_runs(run_dirs)
     for a, b in compare:
         for name in (a, b):
             if name not in runs:
@@ -260,18 +248,7 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
     if compare:
         if comparisons_out is None:
             raise RunError("comparisons asked for without a comparisons file to write")
-        for split, gold_path in sorted(gold.items()):
-            gold_sentences = conllu.read_conllu(gold_path)
-            inputs.append(Path(gold_path))
-            gold_tags = [s.upos for s in gold_sentences]
-            tags = {}
-            for name in sorted({n for pair in compare for n in pair}):
-                tags[name] = predicted_tags(gold_sentences, pred_path(runs[name], split))
-                inputs.append(pred_path(runs[name], split))
-            for a, b in compare:
-                difference = evaluate.paired_difference(gold_tags, tags[a], tags[b], resamples=resamples,
-                                                        seed=seed)
-                comparisons.append(evaluate.comparison_row(a, b, split, difference))
+        comparisons = _compare(runs, gold, compare, resamples, seed, inputs)
         outputs += list(evaluate.write_comparisons(comparisons_out, comparisons, caption))
         if comparisons_plot is not None:
             evaluate.plot_comparisons(comparisons, comparisons_plot)
@@ -280,20 +257,64 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
         raise RunError("a comparisons plot asked for without comparisons (--compare)")
 
     if plot is not None:
-        curves = {}
-        for name, run_dir in sorted(runs.items()):
-            if (run_dir / HISTORY).is_file() and (points := read_history(run_dir / HISTORY)):
-                curves[name] = points
-                inputs.append(run_dir / HISTORY)
-        dev = {r["run"]: float(r["upos"]) for r in scores if r["split"] == "dev"}
-        missing = [r for r in references if r not in dev]
-        if missing:
-            raise RunError(f"reference runs {missing} have no development score")
-        if not curves:
-            raise RunError("no run has a development history to plot")
-        evaluate.plot_dev_curves(curves, plot, references={r: dev[r] for r in references})
+        _plot_dev_curves(runs, scores, references, plot, inputs)
         outputs.append(Path(plot))
     return Gathered(scores=scores, comparisons=comparisons, inputs=inputs, outputs=outputs)
+
+
+def _read_runs(run_dirs: Sequence[str | os.PathLike]) -> tuple[dict[str, Path], list[dict], list[Path]]:
+    """(run name -> its directory, every run's score rows, the files read), in the order given."""
+    runs: dict[str, Path] = {}
+    inputs: list[Path] = []
+    scores: list[dict] = []
+    for run_dir in run_dirs:
+        run_dir = Path(run_dir)
+        record = read_record(run_dir / RUN_JSON)
+        name = record["run"]
+        if name in runs:
+            raise RunError(f"run {name!r} is in both {runs[name]} and {run_dir}")
+        runs[name] = run_dir
+        scores += tables.read_csv(run_dir / SCORES)
+        inputs += [run_dir / RUN_JSON, run_dir / SCORES]
+    return runs, scores, inputs
+
+
+def _compare(runs: dict[str, Path], gold: dict[str, str | os.PathLike], compare: Sequence[tuple[str, str]],
+             resamples: int, seed: int, inputs: list[Path]) -> list[dict]:
+    """A row a - b per pair and split of `gold`, with its paired bootstrap interval; the files read are
+    added to `inputs`."""
+    comparisons = []
+    for split, gold_path in sorted(gold.items()):
+        gold_sentences = conllu.read_conllu(gold_path)
+        inputs.append(Path(gold_path))
+        gold_tags = [s.upos for s in gold_sentences]
+        tags = {}
+        for name in sorted({n for pair in compare for n in pair}):
+            tags[name] = predicted_tags(gold_sentences, pred_path(runs[name], split))
+            inputs.append(pred_path(runs[name], split))
+        for a, b in compare:
+            difference = evaluate.paired_difference(gold_tags, tags[a], tags[b], resamples=resamples,
+                                                    seed=seed)
+            comparisons.append(evaluate.comparison_row(a, b, split, difference))
+    return comparisons
+
+
+def _plot_dev_curves(runs: dict[str, Path], scores: list[dict], references: Sequence[str],
+                     plot: str | os.PathLike, inputs: list[Path]) -> None:
+    """The development curves of the runs that have a history, the references' dev scores dashed; the
+    histories read are added to `inputs`."""
+    curves = {}
+    for name, run_dir in sorted(runs.items()):
+        if (run_dir / HISTORY).is_file() and (points := read_history(run_dir / HISTORY)):
+            curves[name] = points
+            inputs.append(run_dir / HISTORY)
+    dev = {r["run"]: float(r["upos"]) for r in scores if r["split"] == "dev"}
+    missing = [r for r in references if r not in dev]
+    if missing:
+        raise RunError(f"reference runs {missing} have no development score")
+    if not curves:
+        raise RunError("no run has a development history to plot")
+    evaluate.plot_dev_curves(curves, plot, references={r: dev[r] for r in references})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -370,7 +391,5 @@ def per_tag(run_dirs: Sequence[str | os.PathLike], scores_path: str | os.PathLik
 
 
 def read_record(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise RunError(f"{path}: cannot read the run's record ({err}); is this a run directory?") from err
+    return files.read_json(path, "a tagging run's record", "give a run directory the tagging recipe wrote",
+                           kind=dict, error=RunError)
