@@ -15,6 +15,14 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 
 include: "workflow/rules/common.smk"
+
+
+# config/rehearsal.yaml: before the rule files that read the models and corpora, which it swaps.
+if config["rehearsal"]["enabled"]:
+
+    include: "workflow/rules/rehearsal.smk"
+
+
 include: "workflow/rules/export.smk"
 include: "workflow/rules/parity.smk"
 include: "workflow/rules/student.smk"
@@ -78,3 +86,5 @@ rule all:
         rules.export_table.output,  # every export's row needs the student and retrieval
         REPORT_PAGES,  # the tables as HTML, for snakemake --report
         rules.provenance_crate.output.crate,  # the run's Workflow Run RO-Crate, from every fragment
+        # config/rehearsal.yaml: every rule's measured peak beside its resources, once every rule ran
+        [rules.rehearsal_resources.output.table] if config["rehearsal"]["enabled"] else [],

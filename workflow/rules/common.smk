@@ -179,9 +179,11 @@ STUDENT_CFG = config["student"]
 
 
 def student_corpus_inputs(wildcards):
-    """The embedded corpus's files (the texts section's sources); streamed datasets have none."""
+    """The embedded corpus's files (the texts section's sources); streamed datasets have none, but
+    their local stand-ins do (a stream's `local` directory: config/rehearsal.yaml, rehearsal.smk)."""
     if STUDENT_CFG["corpus"]["source"] != "texts":
-        return []
+        return sorted(f"{s['local']}/{c}.jsonl" for s in STUDENT_CFG["corpus"]["streams"] if s.get("local")
+                      for c in s["configs"].values())
     return text_source_files("tatoeba") + text_source_files("udhr")
 
 

@@ -25,6 +25,7 @@ COMMANDS = {
     "provenance": "encoder_study.commands.provenance",
     "report": "encoder_study.commands.report",
     "benchmarks": "encoder_study.commands.benchmarks",
+    "rehearsal": "encoder_study.commands.rehearsal",
 }
 
 

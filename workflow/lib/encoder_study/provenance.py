@@ -174,6 +174,15 @@ def device() -> dict[str, str]:
     return facts
 
 
+def peak_rss_mb() -> int:
+    """The most resident memory (MB) this process, or a child it waited for, has held: the kernel's
+    high-water mark (ru_maxrss), which Snakemake's benchmark (sampled every 30 s) can miss."""
+    import resource
+
+    kib = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return round(kib * 1024 / 1e6)
+
+
 def _expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
     out: list[Path] = []
     for p in paths:
@@ -245,6 +254,7 @@ class Fragment:
             "started": self.started.isoformat(timespec="seconds"),
             "finished": finished.isoformat(timespec="seconds"),
             "seconds": round(time.perf_counter() - self._t0, 1),
+            "peak_rss_mb": peak_rss_mb(),
             "threads": self.threads,
             "machine": machine(),
             "device": device(),
@@ -282,8 +292,8 @@ def _jsonable(value):
 # Sections the Markdown shows in its header table or in sections of their own; any other mapping a
 # record carries (the device, say) gets a "what | value" section titled after its key.
 _SHOWN = {"format", "rule", "recipe", "wildcards", "command", "argv", "code", "version", "started",
-          "finished", "seconds", "threads", "machine", "settings", "libraries", "files", "tables",
-          "notes", "markdown"}
+          "finished", "seconds", "peak_rss_mb", "threads", "machine", "settings", "libraries", "files",
+          "tables", "notes", "markdown"}
 
 
 def render(record: dict) -> str:
@@ -300,6 +310,7 @@ def render(record: dict) -> str:
         ("started (UTC)", record["started"]),
         ("finished (UTC)", record["finished"]),
         ("seconds", f"{record['seconds']:.1f}"),
+        *([("peak resident memory (MB)", record["peak_rss_mb"])] if "peak_rss_mb" in record else []),
         ("threads", record["threads"] if record["threads"] is not None else "default"),
         *record["machine"].items(),
     ]

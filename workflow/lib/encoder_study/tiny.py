@@ -1,13 +1,23 @@
-"""Tiny random encoders and the hand-made tokenizers they read, built from a committed architecture file.
+"""Random encoders of any size and the hand-made tokenizers they read, built from an architecture file.
+
+The source kind is called `tiny` for its first use (the embedded default's 2-layer models); the same
+code builds a random model of a real model's full shape (config/models/mmbert-base.json: 22 x 768 over
+256,000 tokens), which config/rehearsal.yaml uses to rehearse the full study on one CPU machine. The
+name stays because it is recorded in every export manifest.
 
 The models are ours, not derived from any released model: a seed fixes every weight. After the
 library's own initialisation every parameter is perturbed, so that biases and norm weights are not
 the zeros and ones a fresh model has and a parity test notices a weight read from the wrong place.
+
+The tokenizers know a few hundred pieces (characters of many scripts and common English words). An
+architecture file's `tokenizer.vocab_size` pads that vocabulary to a real model's size with generated
+letter strings (2, 3, 4... letters, each as a word start and as a continuation) in a fixed order, so a
+256,000-piece tokenizer is built in about a second and is the same on every machine.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import os
 from pathlib import Path
 
@@ -47,6 +57,8 @@ _WORDS = (
     "fish bank play plays record records house houses water work works time flies like"
 ).split()
 _SUFFIXES = ["s", "es", "ed", "ing", "er", "est", "ly", "ion", "al", "en"]
+# The letters of the generated pieces that pad a vocabulary to its size, most frequent (English) first.
+_FILL_LETTERS = "etaoinsrhldcumfpgwybvkxjqz"
 
 
 def _alphabet() -> list[str]:
@@ -62,11 +74,38 @@ def _unique(items: list[str]) -> list[str]:
     return list(seen)
 
 
-def wordpiece_tokenizer(specials: dict[str, str]) -> Tokenizer:
-    """A cased BERT-style WordPiece tokenizer: characters, `##` continuations, common words."""
+def _filler(count: int, taken: set[str], start: str, continuation: str) -> list[str]:
+    """`count` generated pieces not in `taken`: strings of 2, 3, 4... letters, in a fixed order, each
+    as a word start (`start` + letters) and as a continuation (`continuation` + letters)."""
+    found: list[str] = []
+    for n in itertools.count(2):
+        for letters in itertools.product(_FILL_LETTERS, repeat=n):
+            for piece in (start + "".join(letters), continuation + "".join(letters)):
+                if len(found) == count:
+                    return found
+                if piece not in taken:
+                    taken.add(piece)
+                    found.append(piece)
+    raise AssertionError("unreachable: the letter strings never run out")
+
+
+def _padding(pieces: list[str], vocab_size: int | None, start: str, continuation: str) -> list[str]:
+    """The generated pieces that bring `pieces` to `vocab_size` (none without a size)."""
+    if vocab_size is None:
+        return []
+    if vocab_size < len(pieces):
+        raise ArchitectureError(f"tokenizer.vocab_size {vocab_size} is below the {len(pieces)} pieces "
+                                "the hand-made vocabulary has; give at least that many")
+    return _filler(vocab_size - len(pieces), set(pieces), start, continuation)
+
+
+def wordpiece_tokenizer(specials: dict[str, str], vocab_size: int | None = None) -> Tokenizer:
+    """A cased BERT-style WordPiece tokenizer: characters, `##` continuations, common words, and
+    generated pieces up to `vocab_size`."""
     alphabet = _alphabet()
     pieces = _unique(list(specials.values()) + alphabet + ["##" + c for c in alphabet]
                      + _WORDS + ["##" + s for s in _SUFFIXES])
+    pieces += _padding(pieces, vocab_size, "", "##")
     tok = Tokenizer(models.WordPiece({p: i for i, p in enumerate(pieces)}, unk_token=specials["unk"],
                                      max_input_chars_per_word=100))
     tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
@@ -80,13 +119,15 @@ def wordpiece_tokenizer(specials: dict[str, str]) -> Tokenizer:
     return tok
 
 
-def unigram_tokenizer(specials: dict[str, str]) -> Tokenizer:
-    """An XLM-R-style SentencePiece unigram tokenizer: `▁`-prefixed words, then characters."""
+def unigram_tokenizer(specials: dict[str, str], vocab_size: int | None = None) -> Tokenizer:
+    """An XLM-R-style SentencePiece unigram tokenizer: `▁`-prefixed words, then characters, and
+    generated pieces (scored between the two) up to `vocab_size`."""
     alphabet = _alphabet()
     scored = ([(s, 0.0) for s in specials.values()] + [("▁" + w, -4.0) for w in _WORDS]
               + [("▁", -6.0)] + [(s, -7.0) for s in _SUFFIXES] + [("▁" + c, -9.0) for c in alphabet]
               + [(c, -10.0) for c in alphabet])
     vocab = list({p: s for p, s in reversed(scored)}.items())[::-1]  # first score wins, order kept
+    vocab += [(p, -8.0) for p in _padding([p for p, _ in vocab], vocab_size, "▁", "")]
     names = [p for p, _ in vocab]
     tok = Tokenizer(models.Unigram(vocab, unk_id=names.index(specials["unk"]), byte_fallback=False))
     tok.normalizer = normalizers.NFKC()
@@ -108,10 +149,9 @@ class ArchitectureError(UserError, ValueError):
 
 def read_architecture(path: str | os.PathLike) -> dict:
     path = Path(path)
-    try:
-        arch = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise ArchitectureError(f"{path}: cannot read the architecture file: {err}") from err
+    arch = files.read_json(path, "an architecture file (tokenizer and config)",
+                           "see config/models/bert-tiny.json for the format", kind=dict,
+                           error=ArchitectureError)
     for key in ("tokenizer", "config"):
         if key not in arch:
             raise ArchitectureError(f"{path}: missing key '{key}' (see config/models/bert-tiny.json)")
@@ -120,16 +160,28 @@ def read_architecture(path: str | os.PathLike) -> dict:
         raise ArchitectureError(f"{path}: tokenizer.kind is {kind!r}; use one of {sorted(TOKENIZERS)}")
     if "model_type" not in arch["config"]:
         raise ArchitectureError(f"{path}: config.model_type is missing (bert, xlm-roberta, modernbert)")
+    size = arch["tokenizer"].get("vocab_size")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+        raise ArchitectureError(f"{path}: tokenizer.vocab_size is {size!r}; give a positive integer")
     return arch
 
 
+def tokenizer(arch: dict) -> Tokenizer:
+    """The tokenizer an architecture (read_architecture) describes."""
+    spec = arch["tokenizer"]
+    return TOKENIZERS[spec["kind"]](spec["specials"], spec.get("vocab_size"))
+
+
 def build(architecture: str | os.PathLike, seed: int, out_dir: str | os.PathLike) -> dict:
-    """Write config.json, model.safetensors and tokenizer.json of a tiny random model into `out_dir`."""
+    """Write config.json, model.safetensors and tokenizer.json of a random model into `out_dir`."""
     from transformers import AutoConfig, AutoModel
 
     arch = read_architecture(architecture)
     specials = arch["tokenizer"]["specials"]
-    tok = TOKENIZERS[arch["tokenizer"]["kind"]](specials)
+    try:
+        tok = tokenizer(arch)
+    except ArchitectureError as err:
+        raise ArchitectureError(f"{architecture}: {err}") from err
     ids = {role: tok.token_to_id(piece) for role, piece in specials.items()}
     hf = dict(arch["config"])
     model_type = hf.pop("model_type")
