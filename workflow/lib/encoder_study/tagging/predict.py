@@ -36,7 +36,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import files, machine
@@ -193,6 +193,25 @@ def predict(pipeline_path: str | os.PathLike, input_path: str | os.PathLike, out
     from ..trainable.common import determinism
 
     pipeline_path, input_path, out = Path(pipeline_path), Path(input_path), Path(out)
+    _check_request(pipeline_path, input_path, out, input_format, batch_sentences, score)
+    recorded = recorded_settings(pipeline_path)
+    threads = machine.usable_threads(threads if threads is not None else int(recorded.get("threads", 1)))
+    if batch_words is None:
+        batch_words = int(recorded.get("eval_batch_words", EVAL_BATCH_WORDS))
+    tagger = pipeline.load(pipeline_path, threads=threads)
+    batches = (conllu_batches if input_format == "conllu" else text_batches)(input_path, batch_sentences)
+    with determinism(threads), files.atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8",
+                                                                   newline="") as handle:
+        done = _tag_stream(tagger, batches, batch_words, handle, score, progress)
+    accuracy = (evaluate.accuracy_interval(done.gold, done.predicted, resamples=resamples, seed=seed)
+                if score else None)
+    return Predicted(out=out, sentences=done.sentences, words=done.words, seconds=done.seconds,
+                     batch_words=batch_words, threads=threads, accuracy=accuracy)
+
+
+def _check_request(pipeline_path: Path, input_path: Path, out: Path, input_format: str, batch_sentences: int,
+                   score: bool) -> None:
+    """Refuse, before anything is loaded, what `predict` cannot do as asked."""
     if input_format not in FORMATS:
         raise ValueError(f"input_format must be one of {FORMATS}, got {input_format!r}")
     if batch_sentences < 1:
@@ -209,47 +228,47 @@ def predict(pipeline_path: str | os.PathLike, input_path: str | os.PathLike, out
     if score and input_format != "conllu":
         raise PredictError("scoring needs gold tags: only a CoNLL-U input has them (drop the score "
                            "option for plain text)")
-    recorded = recorded_settings(pipeline_path)
-    threads = machine.usable_threads(threads if threads is not None else int(recorded.get("threads", 1)))
-    if batch_words is None:
-        batch_words = int(recorded.get("eval_batch_words", EVAL_BATCH_WORDS))
-    tagger = pipeline.load(pipeline_path, threads=threads)
-    batches = (conllu_batches if input_format == "conllu" else text_batches)(input_path, batch_sentences)
 
-    gold: list[tuple[str, ...]] = []
-    predicted: list[list[str]] = []
-    sentences_done = words_done = 0
-    seconds = 0.0
-    with determinism(threads), files.atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8",
-                                                                   newline="") as handle:
-        carried: list[Sentence] = []  # sentences of a group still open at the end of the last batch
-        ended = False
-        while not ended:
-            batch = next(batches, None)
-            ended = batch is None
-            pending = carried + (batch or [])
-            if not pending:
-                continue
-            groups = word_batches([len(s.words) for s in pending], range(len(pending)), batch_words)
-            # A group closes once it holds batch_words words; the last one may be open: carry it over.
-            last_closed = sum(len(pending[i].words) for i in groups[-1]) >= batch_words
-            ready = groups if ended or last_closed else groups[:-1]
-            count = sum(len(g) for g in ready)
-            started = time.perf_counter()
-            tags = _tag_groups(tagger, pending, ready)
-            seconds += time.perf_counter() - started
-            done, carried = pending[:count], pending[count:]
-            handle.write(conllu.render(done, tags))
-            if score:
-                gold += [s.upos for s in done]
-                predicted += tags
-            sentences_done += len(done)
-            words_done += sum(len(s.words) for s in done)
-            if progress and done:
-                rate = words_done / seconds if seconds > 0 else float("inf")
-                print(f"predict: {sentences_done} sentences, {words_done} words, {rate:.0f} words/s",
-                      file=sys.stderr, flush=True)
-    accuracy = (evaluate.accuracy_interval(gold, predicted, resamples=resamples, seed=seed)
-                if score else None)
-    return Predicted(out=out, sentences=sentences_done, words=words_done, seconds=seconds,
-                     batch_words=batch_words, threads=threads, accuracy=accuracy)
+
+@dataclass
+class _Streamed:
+    """What `_tag_stream` tagged: counts, the tagging time, and (when scoring) gold and predicted tags."""
+
+    sentences: int = 0
+    words: int = 0
+    seconds: float = 0.0
+    gold: list[tuple[str, ...]] = field(default_factory=list)
+    predicted: list[list[str]] = field(default_factory=list)
+
+
+def _tag_stream(tagger: Tagger, batches, batch_words: int, handle, score: bool, progress: bool) -> _Streamed:
+    """Tag the batches of sentences in groups of `batch_words` words and write them to `handle`."""
+    done = _Streamed()
+    carried: list[Sentence] = []  # sentences of a group still open at the end of the last batch
+    ended = False
+    while not ended:
+        batch = next(batches, None)
+        ended = batch is None
+        pending = carried + (batch or [])
+        if not pending:
+            continue
+        groups = word_batches([len(s.words) for s in pending], range(len(pending)), batch_words)
+        # A group closes once it holds batch_words words; the last one may be open: carry it over.
+        last_closed = sum(len(pending[i].words) for i in groups[-1]) >= batch_words
+        ready = groups if ended or last_closed else groups[:-1]
+        count = sum(len(g) for g in ready)
+        started = time.perf_counter()
+        tags = _tag_groups(tagger, pending, ready)
+        done.seconds += time.perf_counter() - started
+        tagged, carried = pending[:count], pending[count:]
+        handle.write(conllu.render(tagged, tags))
+        if score:
+            done.gold += [s.upos for s in tagged]
+            done.predicted += tags
+        done.sentences += len(tagged)
+        done.words += sum(len(s.words) for s in tagged)
+        if progress and tagged:
+            rate = done.words / done.seconds if done.seconds > 0 else float("inf")
+            print(f"predict: {done.sentences} sentences, {done.words} words, {rate:.0f} words/s",
+                  file=sys.stderr, flush=True)
+    return done
