@@ -80,7 +80,7 @@ def test_command_writes_csv_markdown_and_a_fragment(tmp_path):
 
 
 def test_bad_manifests_are_refused_with_their_name(tmp_path):
-    with pytest.raises(exports.ExportTableError, match="missing: export the model first"):
+    with pytest.raises(exports.ExportTableError, match="export.json is missing: .*; export the model first"):
         exports.row(tmp_path / "none/export.json")
     bad = _manifest(tmp_path / "bad/export.json", model="x", source={"kind": "ftp"})
     with pytest.raises(exports.ExportTableError, match="unknown source kind 'ftp'"):

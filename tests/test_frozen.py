@@ -486,7 +486,7 @@ def test_bad_model_dirs_are_refused_naming_the_file(tiny_exports, tmp_path):
     def bad_config(d):
         (d / manifest.CONFIG_FILE).write_text("{")
 
-    with pytest.raises(EncoderError, match="config/model.config.json: cannot read the model config"):
+    with pytest.raises(EncoderError, match="config/model.config.json: cannot read the model.s config"):
         FrozenEncoder(_broken_copy(source, tmp_path / "config", bad_config))
 
     def no_width(d):

@@ -9,6 +9,7 @@ import pytest
 
 from encoder_study import cli, files, provenance
 from encoder_study.commands import tagging as command
+from encoder_study.data import SPLITS
 from encoder_study.data import conllu as treebank
 from encoder_study.data import synthetic as generator
 from encoder_study.tokens import Doc
@@ -265,8 +266,8 @@ def test_synthetic_is_deterministic_and_splits_are_independent():
     first = generator.synthesize(7, sizes)
     assert first == generator.synthesize(7, sizes)
     other = generator.synthesize(8, sizes)
-    assert all(first[s] != other[s] for s in treebank.SPLITS)
-    assert len({first[s] for s in treebank.SPLITS}) == 3
+    assert all(first[s] != other[s] for s in SPLITS)
+    assert len({first[s] for s in SPLITS}) == 3
     # A split's sentences do not depend on the sizes of the others.
     assert generator.synthesize(7, {"train": 99, "dev": 1, "test": 20})["test"] == first["test"]
     with pytest.raises(ValueError, match="at least one sentence"):
@@ -376,12 +377,12 @@ def test_treebank_command_writes_files_and_fragment(tmp_path, capsys):
     assert run("treebank", "--seed", "3", "--train", "60", "--dev", "20", "--test", "25",
                "--out-dir", str(out_dir), "--provenance", str(frag)) == 0
     expected = generator.synthesize(3, {"train": 60, "dev": 20, "test": 25})
-    for split in treebank.SPLITS:
+    for split in SPLITS:
         assert (out_dir / f"{split}.conllu").read_text(encoding="utf-8") == expected[split]
     body = frag.read_text(encoding="utf-8")
     rows = provenance.fragment_files(body)
     assert [(r[0], r[1]) for r in rows] == [("output", (out_dir / f"{s}.conllu").as_posix())
-                                            for s in treebank.SPLITS]
+                                            for s in SPLITS]
     assert all(r[3] == files.sha256_file(r[1]) for r in rows)
     assert "## Splits" in body and "| train | 60 |" in body and "multiword tokens" in body
     assert "## UPOS" in body and "| PROPN |" in body and "Most-frequent-tag baseline" in body

@@ -113,7 +113,7 @@ def shape_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: in
     session = ort_session(model_dir / manifest.ONNX_FILE, threads)
     tokenizer = PieceTokenizer(model_dir / manifest.TOKENIZER_FILE)
     rng = np.random.default_rng(seed)
-    vocab = int(json.loads((model_dir / manifest.CONFIG_FILE).read_text(encoding="utf-8"))["vocab_size"])
+    vocab = int(manifest.read_config(model_dir)["vocab_size"])
     ids = rng.integers(tokenizer.n_specials + 100, vocab, size=(batch, seq_len), dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     tensors = torch.from_numpy(ids), torch.ones(batch, seq_len, dtype=torch.int64)
@@ -278,7 +278,7 @@ def encoders(model_dir: str | os.PathLike, source_json: str | os.PathLike, threa
     manifest.verified_model(model_dir)
     source_dir, _ = reference.source_dir(source_json)
     torch.manual_seed(seed)
-    shape = perf.Shape.from_config(json.loads((model_dir / manifest.CONFIG_FILE).read_text(encoding="utf-8")))
+    shape = perf.Shape.from_config(manifest.read_config(model_dir))
     sentences = synthetic_docs(docs, seed)
     gemm, out = gemm_part(threads, min_seconds)
     out += shape_part(model_dir, source_dir, shape, threads, batch, seq_len, gemm, min_seconds, seed)

@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import files
+
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 # What a summary holds; a cache written by another format or Python (its parser) is not read.
 CACHE_FORMAT = {"format": 1, "python": f"{sys.version_info[0]}.{sys.version_info[1]}"}
@@ -120,11 +122,11 @@ class _Cache:
         if path is None:
             return
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if {k: data.get(k) for k in CACHE_FORMAT} == CACHE_FORMAT and isinstance(data["files"], dict):
-                self.entries = data["files"]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass  # no cache yet, or a damaged one: parse, and write a new one
+            data = files.read_json(path, "the import walker's cache", "remove it", kind=dict)
+        except files.JsonError:
+            return  # no cache yet, or a damaged one: parse, and write a new one
+        if {k: data.get(k) for k in CACHE_FORMAT} == CACHE_FORMAT and isinstance(data.get("files"), dict):
+            self.entries = data["files"]
 
     def summary(self, path: Path) -> dict:
         data = path.read_bytes()

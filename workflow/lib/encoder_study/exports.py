@@ -8,7 +8,6 @@ re-checks), so the table reads no graph. A graph saved with external data counts
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -45,12 +44,8 @@ def source_text(source: dict) -> tuple[str, str]:
 def row(manifest_path: str | os.PathLike) -> dict:
     """One row of the table from one manifest (export.json of a model or the student, retrieval.json)."""
     path = Path(manifest_path)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise ExportTableError(f"{path} is missing: export the model first") from err
-    except json.JSONDecodeError as err:
-        raise ExportTableError(f"{path}: not valid JSON ({err}); re-export the model") from err
+    record = files.read_json(path, "an export manifest", "export the model first", kind=dict,
+                             error=ExportTableError)
     try:
         by_name = {entry["path"]: entry for entry in record["files"]}
         graph = by_name[ONNX_FILE]

@@ -10,7 +10,6 @@ head trained for many epochs over the same documents runs the transformer once p
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,19 +32,16 @@ def open_export(model_dir: Path) -> tuple[dict, dict]:
     """An export directory both encoders read: its manifest, with every file checked, and its config."""
     if not model_dir.is_dir():
         raise EncoderError(f"{model_dir}: not a directory; expected an exported model "
-                           f"({', '.join(manifest.MODEL_FILES)}, {manifest.MANIFEST})")
+                           f"({', '.join(manifest.EXPORT_FILES)})")
     record = manifest.verified_model(model_dir)  # names any changed or missing file
     listed = {entry["path"] for entry in record.get("files", [])}
     for name in manifest.MODEL_FILES:
         if name not in listed:
             raise EncoderError(f"{model_dir / manifest.MANIFEST} does not list {name}; re-export the model")
-    path = model_dir / manifest.CONFIG_FILE
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise EncoderError(f"{path}: cannot read the model config: {err}") from err
+    config = manifest.read_config(model_dir, error=EncoderError)
     if "hidden_size" not in config:
-        raise EncoderError(f"{path}: no hidden_size; expected a Hugging Face config.json")
+        raise EncoderError(f"{model_dir / manifest.CONFIG_FILE}: no hidden_size; expected a Hugging Face "
+                           "config.json")
     return record, config
 
 

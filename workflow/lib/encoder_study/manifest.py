@@ -6,7 +6,6 @@ refused with its name and both hashes instead of silently giving other numbers.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -18,6 +17,7 @@ ONNX_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "model.config.json"
 MODEL_FILES = (ONNX_FILE, TOKENIZER_FILE, CONFIG_FILE)  # what an encoder reads from an export
+EXPORT_FILES = (*MODEL_FILES, MANIFEST)  # an export directory's files, its manifest last
 
 
 class ManifestError(UserError):
@@ -33,13 +33,14 @@ def write(directory: str | os.PathLike, record: dict, names: list[str]) -> dict:
 
 
 def read(directory: str | os.PathLike) -> dict:
-    path = Path(directory) / MANIFEST
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise ManifestError(f"{path} is missing: export the model first (snakemake export)") from err
-    except json.JSONDecodeError as err:
-        raise ManifestError(f"{path}: not valid JSON ({err}); re-export the model") from err
+    return files.read_json(Path(directory) / MANIFEST, "an export manifest",
+                           "export the model (snakemake export)", kind=dict, error=ManifestError)
+
+
+def read_config(directory: str | os.PathLike, error: type[UserError] = ManifestError) -> dict:
+    """The export's Hugging Face config (model.config.json); `error`, naming the file, if it is not one."""
+    return files.read_json(Path(directory) / CONFIG_FILE, "the model's config", "re-export the model",
+                           kind=dict, error=error)
 
 
 def verified_model(directory: str | os.PathLike) -> dict:

@@ -360,12 +360,8 @@ def fragments_under(root: str | os.PathLike) -> list[Path]:
 def read_record(path: str | os.PathLike) -> dict:
     """A fragment's JSON twin; ProvenanceError (naming the file and the fix) when it is not one."""
     path = Path(path)
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise ProvenanceError(f"{path} is missing: rerun the rule that writes it") from err
-    except json.JSONDecodeError as err:
-        raise ProvenanceError(f"{path}: not valid JSON ({err}); rerun the rule that writes it") from err
+    record = files.read_json(path, "a provenance fragment's twin", "rerun the rule that writes it",
+                             error=ProvenanceError)
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
         raise ProvenanceError(f"{path}: not a provenance fragment's twin (no \"format\": "
                               f"\"{RECORD_FORMAT}\"); remove it or rerun the rule that writes it")
@@ -402,11 +398,11 @@ class HashCache:
     def __init__(self, path: str | os.PathLike):
         self.path, self.hits, self.hashed, self.changed = Path(path), 0, 0, False
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            ok = data.get("format") == 1 and isinstance(data["files"], dict)
-            self.entries = data["files"] if ok else {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            self.entries = {}
+            data = files.read_json(self.path, "verify's hash cache", "remove it", kind=dict)
+        except files.JsonError:
+            data = {}
+        ok = data.get("format") == 1 and isinstance(data.get("files"), dict)
+        self.entries = data["files"] if ok else {}
 
     @staticmethod
     def _state(stat: os.stat_result) -> list[int]:

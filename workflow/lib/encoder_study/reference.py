@@ -6,7 +6,6 @@ is loaded (float32, eval mode, eager attention) and wrapped has one owner.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -41,7 +40,8 @@ def load_pytorch(model_dir: str | os.PathLike) -> torch.nn.Module:
 def source_dir(source_json: str | os.PathLike) -> tuple[Path, dict]:
     """The model directory a source.json describes, with every file checked against its hash."""
     source_json = Path(source_json)
-    record = json.loads(source_json.read_text(encoding="utf-8"))
+    record = files.read_json(source_json, "a model's source record", "acquire the model again (snakemake "
+                             "export)", kind=dict)
     directory = Path(record["model_dir"])
     if not directory.is_absolute():
         directory = source_json.parent / directory

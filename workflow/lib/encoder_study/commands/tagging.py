@@ -39,9 +39,8 @@ import argparse
 from pathlib import Path
 
 from .. import provenance
+from ..data import SPLITS
 from ..errors import UserError
-
-SPLITS = ("train", "dev", "test")
 
 
 def _settings(args, *skip: str) -> dict:

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import files
-from .conllu import SPLITS, UPOS, TreebankError
+from . import SPLITS
+from .conllu import UPOS, TreebankError
 
 # Word classes: (UPOS, words). A word listed twice is drawn twice as often. Words in several classes
 # (run, light, can, ...) are the ambiguous ones; the templates decide which class a slot draws from.

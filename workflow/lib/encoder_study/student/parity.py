@@ -3,7 +3,6 @@ and ONNX Runtime on the graph, each against the PyTorch student that was exporte
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -31,7 +30,7 @@ def parity(pytorch_encoder: PostNormEncoder, export_dir: str | os.PathLike, text
 
     export_dir = Path(export_dir)
     record = manifest.verified_model(export_dir)
-    config = json.loads((export_dir / manifest.CONFIG_FILE).read_text(encoding="utf-8"))
+    config = manifest.read_config(export_dir)
     pad = config.get("pad_token_id")
     pad_id = 0 if pad is None else int(pad)
     pieces = tokens.TextPieces(export_dir / manifest.TOKENIZER_FILE, int(config["max_position_embeddings"]),

@@ -12,7 +12,6 @@ holds only the settings and the layers, the token table being read from the grap
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -48,10 +47,8 @@ def _paths(model: str | os.PathLike, config: str | os.PathLike | None) -> tuple[
 def _read_config(path: Path | None) -> dict:
     if path is None:
         return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise GraphError(f"{path}: cannot read the model's config ({err})") from err
+    return files.read_json(path, "the model's config", "give the config.json written with the graph",
+                           kind=dict, error=GraphError)
 
 
 def detect_family(names) -> str:
