@@ -8,8 +8,9 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-# The package's dependency walker uses the standard library only, so it imports in any environment.
+# The dependency walker and these constants use the standard library only: they import in any environment.
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "lib"))
+from encoder_study.data import SPLITS as TREEBANK_SPLITS
 from encoder_study.deps import code_files
 from encoder_study.machine import cores as machine_cores
 
@@ -215,7 +216,6 @@ TREEBANK_CAPTION = (
     if config["treebank"]["source"] == "synthetic" else
     f"Treebank: UD English-EWT ({config['treebank']['test']}; the fetch fragments hold each file's SHA-256)."
 )
-TREEBANK_SPLITS = ("train", "dev", "test")
 # A run's settings: these keys come from its entry, else from its mode's defaults (tagging.defaults).
 TRAIN_KEYS = ("optimizer", "lr", "epochs", "max_steps", "patience", "warmup", "batch_words", "eval_every",
               "eval_batch_words", "clip", "weight_decay", "precision", "max_length", "window_batch",
