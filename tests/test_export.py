@@ -12,15 +12,10 @@ import onnx
 import pytest
 import torch
 
-from conftest import SETTINGS, TINY
+from conftest import SETTINGS, TINY, runner
 from encoder_study import acquire, export, files, manifest, reference, runtime
-from encoder_study.commands import export as command
 
-
-def run(*argv: str) -> int:
-    """`encoder-study export ARGV` in this process (cli.main would re-execute Python)."""
-    args = command.parser().parse_args(argv)
-    return args.run(args)
+run = runner("export")
 
 
 @pytest.mark.parametrize("name", TINY)

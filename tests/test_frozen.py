@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 
+from conftest import TINY
 from encoder_study import files, manifest, runtime
 from encoder_study.frozen import EncoderError, FrozenEncoder
 from encoder_study.tokens import (
@@ -26,7 +27,6 @@ from encoder_study.tokens import (
     word_pieces,
 )
 
-TINY = ("bert-tiny", "xlmr-tiny", "modernbert-tiny")
 SENTENCES = [
     "The bank's record runs fast , but time flies like an arrow .",
     "Příliš žluťoučký kůň úpěl ďábelské ódy .",

@@ -5,15 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from conftest import TINY
+from conftest import TINY, runner
 from encoder_study import compare, parity, parity_tables, tables
-from encoder_study.commands import parity as command
 
-
-def run(*argv: str) -> int:
-    """`encoder-study parity ARGV` in this process (cli.main would re-execute Python)."""
-    args = command.parser().parse_args(argv)
-    return args.run(args)
+run = runner("parity")
 
 
 def test_token_differences_on_a_hand_made_pair():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import runner, train_argv
 from encoder_study import tables, writeback
-from encoder_study.commands import tagging as command
 from encoder_study.data import conllu, synthetic
 from encoder_study.tagging import pipeline, predict, runs
 from encoder_study.tagging.tagger import word_batches
@@ -16,23 +16,7 @@ SIZES = {"train": 60, "dev": 20, "test": 20}
 EVAL_BATCH_WORDS = 30  # small: a split is tagged in several groups, which the reading batches must not move
 
 
-def run(*argv: str) -> int:
-    """`encoder-study tagging ARGV` in this process (cli.main would re-execute Python)."""
-    args = command.parser().parse_args(argv)
-    return args.run(args)
-
-
-def train_argv(run_name: str, model_dir, out, bank, **chosen) -> list[str]:
-    values = {"pooling": "mean", "optimizer": "adamw", "seed": 0, "lr": 1e-3, "weight-decay": 0.01,
-              "epochs": 0, "max-steps": 0, "patience": 0, "warmup": 0, "batch-words": 100, "eval-every": 0,
-              "eval-batch-words": EVAL_BATCH_WORDS, "clip": 1.0, "threads": 1, "device": "cpu",
-              "precision": "fp32", "max-length": 512, "window-batch": 8, "max-batch-pieces": 8192,
-              "chunk-steps": 0, "resamples": 100, "bootstrap-seed": 0, **chosen}
-    return ["train", "--run", run_name, "--model-dir", str(model_dir), "--out-dir", str(out / run_name),
-            "--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"]),
-            "--checkpoint", str(out / "checkpoints" / f"{run_name}.pt"),
-            *(x for k, v in values.items() for x in (f"--{k}", str(v))),
-            "--provenance", str(out / "provenance" / f"tagging_train-{run_name}.md")]
+run = runner("tagging")
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +28,11 @@ def bank(tmp_path_factory) -> dict:
 def trained(tiny_exports, bank, tmp_path_factory) -> dict:
     """name -> (pipeline file, run directory whose .pred.conllu it must reproduce)."""
     out = tmp_path_factory.mktemp("tagging")
-    assert run(*train_argv("frozen", tiny_exports["bert-tiny"], out, bank, mode="frozen", epochs=2,
-                           lr=1e-2)) == 0
-    assert run(*train_argv("finetuned", tiny_exports["bert-tiny"], out, bank, mode="finetuned",
+    small = {"eval-batch-words": EVAL_BATCH_WORDS}
+    assert run(*train_argv("frozen", tiny_exports["bert-tiny"], out, out / "provenance", bank, mode="frozen",
+                           epochs=2, lr=1e-2, **small)) == 0
+    assert run(*train_argv("finetuned", tiny_exports["bert-tiny"], out, out / "provenance", bank,
+                           mode="finetuned", **small,
                            **{"max-steps": 4, "eval-every": 2, "warmup": 1, "lr": 1e-2})) == 0
     inline = out / "finetuned" / pipeline.FILE_NAME
     # The writeback recipe's pipeline: the fine-tuned weights written into a graph beside the file.

@@ -6,14 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from encoder_study import cli, files, provenance, tables
+from conftest import cli_runner
+from encoder_study import files, provenance, tables
 
-
-def command(*argv: str) -> int:
-    """`encoder-study provenance ...` in this process (cli re-executes itself unless PYTHONHASHSEED is 0)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTHONHASHSEED", "0")
-        return cli.main(["provenance", *argv])
+command = cli_runner("provenance")
 
 
 def _fragment(tmp_path: Path) -> tuple[Path, Path, Path]:

@@ -11,18 +11,15 @@ import onnxruntime
 import pytest
 import torch
 
-from encoder_study import cli, export, files, retrieval, runtime, tables
+from conftest import cli_runner
+from encoder_study import export, files, retrieval, runtime, tables
 
 # What the rules pass from the config (config/config.yaml's retrieval section).
 SETTINGS = retrieval.Settings(opset=18, tolerance=1e-4, threads=1, ort_optimization="basic",
                               external_data="auto")
 
 
-def command(*argv: str) -> int:
-    """`encoder-study retrieval ...` in this process (cli re-executes itself unless PYTHONHASHSEED is 0)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTHONHASHSEED", "0")
-        return cli.main(["retrieval", *argv])
+command = cli_runner("retrieval")
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import pytest
 import torch
 from test_student_distill import Crash, crash_before
 
-from conftest import ROOT
-from encoder_study import cli, manifest, trainable
+from conftest import ROOT, cli_runner
+from encoder_study import manifest, trainable
 
 SHAPE = {"layers": 2, "width": 32, "heads": 2, "intermediate": 64, "embedding_width": 8, "max_positions": 512}
 TRAINING = {"steps": 6, "batch_windows": 4, "window_lengths": [16, 24], "chunk_steps": 3, "log_every": 2,
@@ -34,11 +34,7 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def student(*argv: str) -> int:
-    """`encoder-study student ...` in this process (cli re-executes itself unless PYTHONHASHSEED is 0)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTHONHASHSEED", "0")
-        return cli.main(["student", *argv])
+student = cli_runner("student")
 
 
 def train_argv(teacher, out, udhr=True) -> list[str]:

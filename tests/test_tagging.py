@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import runner, train_argv
 from encoder_study import files
 from encoder_study.commands import tagging as command
 from encoder_study.data import conllu, synthetic
@@ -38,10 +39,7 @@ def settings_for(mode: str, **chosen) -> TrainSettings:
     return TrainSettings(mode=mode, **{**UNCHOSEN, **chosen})
 
 
-def run(*argv: str) -> int:
-    """`encoder-study tagging ARGV` in this process (cli.main would re-execute Python)."""
-    args = command.parser().parse_args(argv)
-    return args.run(args)
+run = runner("tagging")
 
 
 @pytest.fixture(scope="module")
@@ -293,20 +291,6 @@ def only_upos_differs(gold_path, pred_path) -> int:
         else:
             assert p == g
     return changed
-
-
-def train_argv(run_name: str, model_dir, out, prov, bank, **chosen) -> list[str]:
-    """`tagging train` arguments: every option given, as the rule gives them."""
-    values = {"pooling": "mean", "optimizer": "adamw", "seed": 0, "lr": 1e-3, "weight-decay": 0.01,
-              "epochs": 0, "max-steps": 0, "patience": 0, "warmup": 0, "batch-words": 100, "eval-every": 0,
-              "eval-batch-words": 2000, "clip": 1.0, "threads": 1, "device": "cpu", "precision": "fp32",
-              "max-length": 512, "window-batch": 8, "max-batch-pieces": 8192, "chunk-steps": 0,
-              "resamples": 100, "bootstrap-seed": 0, **chosen}
-    return ["train", "--run", run_name, "--model-dir", str(model_dir), "--out-dir", str(out / run_name),
-            "--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"]),
-            "--checkpoint", str(out / "checkpoints" / f"{run_name}.pt"),
-            *(x for k, v in values.items() for x in (f"--{k}", str(v))),
-            "--provenance", str(prov / f"tagging_train-{run_name}.md")]
 
 
 def test_the_tagging_command_trains_scores_compares_and_writes_provenance(tiny_exports, bank, tmp_path,

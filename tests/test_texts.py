@@ -7,26 +7,20 @@ under config/texts, and file:// URLs for the download function.
 import hashlib
 import io
 import json
-import os
 import random
 import tarfile
 import unicodedata
 import zipfile
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import regex
 
-from conftest import ROOT
-from encoder_study import cli, files
+from conftest import ROOT, cli_runner
+from encoder_study import files
 from encoder_study.data import texts
 
-
-def command(*argv: str) -> int:
-    """`encoder-study parity ARGV` through cli.main, in this process (the hash seed already fixed)."""
-    with mock.patch.dict(os.environ, {"PYTHONHASHSEED": "0"}):
-        return cli.main(["parity", *argv])
+command = cli_runner("parity")
 
 SAMPLE_TATOEBA = ROOT / "config" / "texts" / "tatoeba_sample.tsv"
 SAMPLE_UDHR = ROOT / "config" / "texts" / "udhr_sample"

@@ -18,11 +18,6 @@ from encoder_study.trainable.common import score_bias
 TOLERANCE = {"bert-tiny": 2e-5, "xlmr-tiny": 2e-5, "modernbert-tiny": 2e-5, "minilm": 1e-4}
 
 
-@pytest.fixture(scope="module")
-def exports(tiny_exports, minilm_export) -> dict:
-    return {**tiny_exports, "minilm": minilm_export}
-
-
 def hf_model(models_dir, name):
     model_dir, _ = reference.source_dir(models_dir / "sources" / name / "source.json")
     return reference.load_pytorch(model_dir)

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import TINY
 from encoder_study import manifest, trainable
 from encoder_study.frozen import EncoderError, FrozenEncoder
 from encoder_study.tokens import Doc
 from encoder_study.trainable.words import CHECKPOINT_FORMAT, TrainableEncoder, plan_batches
 
-TINY = ("bert-tiny", "xlmr-tiny", "modernbert-tiny")
 TOLERANCE = {"bert-tiny": 2e-5, "xlmr-tiny": 2e-5, "modernbert-tiny": 2e-5, "minilm": 1e-4}
 SENTENCES = [
     "The bank's record runs fast , but time flies like an arrow .",
@@ -35,11 +35,6 @@ DOCS = [
     Doc.from_words(" ".join(SENTENCES[:2] * 2).split()),  # longer: several windows at max_length 16
 ]
 WINDOWED = 16  # max_length that forces windows on most documents
-
-
-@pytest.fixture(scope="module")
-def exports(tiny_exports, minilm_export) -> dict:
-    return {**tiny_exports, "minilm": minilm_export}
 
 
 def numpy_vectors(vectors: list[torch.Tensor]) -> list[np.ndarray]:

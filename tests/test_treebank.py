@@ -7,6 +7,7 @@ from collections import Counter, defaultdict
 import conllu
 import pytest
 
+from conftest import runner
 from encoder_study import cli, files, provenance
 from encoder_study.commands import tagging as command
 from encoder_study.data import SPLITS
@@ -365,10 +366,7 @@ def test_fetch_refuses_bad_files_pins_and_sources(tmp_path):
 
 # --- the command --------------------------------------------------------------------------------------
 
-def run(*argv: str) -> int:
-    """`encoder-study tagging ARGV` in this process (cli.main would re-execute Python)."""
-    args = command.parser().parse_args(argv)
-    return args.run(args)
+run = runner("tagging")
 
 
 def test_treebank_command_writes_files_and_fragment(tmp_path, capsys):

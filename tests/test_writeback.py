@@ -12,17 +12,12 @@ import pytest
 import torch
 from onnx import numpy_helper
 
+from conftest import TINY
 from encoder_study import manifest, reference, runtime, trainable, writeback
 from encoder_study.onnx import names, patch
 from encoder_study.onnx.patch import WritebackError
 
-TINY = ["bert-tiny", "xlmr-tiny", "modernbert-tiny"]
 FAMILIES = [*TINY, "minilm"]  # the tiny families and a real pretrained BERT
-
-
-@pytest.fixture(scope="module")
-def exports(tiny_exports, minilm_export):
-    return {**tiny_exports, "minilm": minilm_export}
 
 
 def graph_path(exports, name):

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import runner
 from encoder_study import files, writeback
-from encoder_study.commands import writeback as command
 from encoder_study.data import conllu, synthetic
 from encoder_study.frozen import FrozenEncoder
 from encoder_study.tagging import pipeline
@@ -24,10 +24,7 @@ from encoder_study.trainable.words import TrainableEncoder
 GRAPH = "pipeline.encoder0.onnx"
 
 
-def run(*argv: str) -> int:
-    """`encoder-study writeback ARGV` in this process (cli.main would re-execute Python)."""
-    args = command.parser().parse_args(argv)
-    return args.run(args)
+run = runner("writeback")
 
 
 @pytest.fixture(scope="module")
