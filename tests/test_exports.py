@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
-from encoder_study import cli, exports, files, provenance, tables
+from conftest import ROOT, cli_runner
+from encoder_study import exports, files, provenance, tables
 
 SHA = {name: f"{i:064x}" for i, name in enumerate(["graph", "data", "tok", "student"], start=1)}
 
@@ -66,10 +66,8 @@ def test_command_writes_csv_markdown_and_a_fragment(tmp_path):
     manifests = [str(m) for m in _manifests(tmp_path)]
     out, md = tmp_path / "exports.csv", tmp_path / "exports.md"
     frag = tmp_path / "prov/export/export_table.md"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTHONHASHSEED", "0")
-        assert cli.main(["export", "table", "--out", str(out), "--markdown", str(md),
-                         "--provenance", str(frag), *manifests]) == 0
+    assert cli_runner("export")("table", "--out", str(out), "--markdown", str(md), "--provenance", str(frag),
+                                *manifests) == 0
     rows = tables.read_csv(out)
     assert list(rows[0]) == list(exports.COLUMNS) and len(rows) == 6
     assert rows[1]["onnx_bytes"] == "100" and rows[1]["manifest"] == manifests[1]

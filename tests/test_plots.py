@@ -10,9 +10,8 @@ import json
 
 import pytest
 
+from conftest import runner
 from encoder_study import parity_tables, plots, tables, writeback
-from encoder_study.commands import tagging as tagging_command
-from encoder_study.commands import writeback as writeback_command
 from encoder_study.data import conllu
 from encoder_study.tagging import evaluate, runs
 
@@ -152,8 +151,7 @@ def test_the_per_tag_command_writes_its_fragment(study, tmp_path):
     argv = ["per-tag", *(f"--run-dir={d}" for d in study["dirs"].values()), "--scores", str(study["scores"]),
             "--split", "test", "--gold", str(study["gold"]), "--out", str(study["out"] / "per_tag.csv"),
             "--plot", str(study["out"] / "per_tag.png"), "--caption", "", "--provenance", str(prov)]
-    args = tagging_command.parser().parse_args(argv)
-    assert args.run(args) == 0
+    assert runner("tagging")(*argv) == 0
     fragment = prov.read_text()
     assert "Per-tag accuracy (test)" in fragment
     assert "test.pred.conllu" in fragment and "per_tag.png" in fragment
@@ -249,9 +247,8 @@ def test_speed_bars_read_the_spread_columns_and_do_without_them(tmp_path):
     table = tmp_path / "speed.csv"
     table.write_text(SPEED)
     prov = tmp_path / "prov" / "writeback_speed_plot.md"
-    args = writeback_command.parser().parse_args(["speed-plot", "--table", str(table), "--out",
-                                                  str(tmp_path / "speed.png"), "--provenance", str(prov)])
-    assert args.run(args) == 0
+    assert runner("writeback")("speed-plot", "--table", str(table), "--out", str(tmp_path / "speed.png"),
+                               "--provenance", str(prov)) == 0
     with_spread = (tmp_path / "speed.png").read_bytes()
     assert with_spread.startswith(PNG) and "speed.csv" in prov.read_text()
     writeback.plot_speed(tables.read_csv(table), tmp_path / "again.png")

@@ -10,16 +10,14 @@ empty language field on some sentences. The texts are made up here, not copied f
 from __future__ import annotations
 
 import json
-import os
 import random
 import zipfile
 from pathlib import Path
-from unittest import mock
 from xml.sax.saxutils import escape, quoteattr
 
 import pytest
 
-from encoder_study import cli
+from conftest import cli_runner
 from encoder_study.data import texts
 
 NS = texts.UDHR_NS
@@ -228,11 +226,10 @@ def test_tatoeba_unknown_languages_are_skipped_and_counted(tmp_path):
 def select(tmp_path: Path, name: str, tatoeba: Path, udhr: Path) -> tuple[Path, str]:
     out = tmp_path / name / "parity_texts.jsonl"
     frag = tmp_path / name / "parity_select.md"
-    with mock.patch.dict(os.environ, {"PYTHONHASHSEED": "0"}):
-        rc = cli.main(["parity", "select", "--tatoeba", str(tatoeba), "--tatoeba-sha256", "", "--udhr",
-                       str(udhr), "--udhr-sha256", "", "--seed", "3", "--tatoeba-count", "2", "--udhr-count",
-                       "5", "--max-chars", "400", "--languages", "", "--out", str(out), "--provenance",
-                       str(frag)])
+    rc = cli_runner("parity")("select", "--tatoeba", str(tatoeba), "--tatoeba-sha256", "", "--udhr",
+                              str(udhr), "--udhr-sha256", "", "--seed", "3", "--tatoeba-count", "2",
+                              "--udhr-count", "5", "--max-chars", "400", "--languages", "", "--out", str(out),
+                              "--provenance", str(frag))
     assert rc == 0
     return out, frag.read_text(encoding="utf-8")
 
