@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import cli_runner
-from encoder_study import export, files, retrieval, runtime, tables
+from encoder_study import files, reference, retrieval, runtime, tables
 
 # What the rules pass from the config (config/config.yaml's retrieval section).
 SETTINGS = retrieval.Settings(opset=18, tolerance=1e-4, threads=1, ort_optimization="basic",
@@ -43,7 +43,7 @@ def built(tiny_exports, models_dir, tmp_path_factory):
 def parts(built):
     """The encoder, heads and ignored ids the graph was made from, and a session on the published graph."""
     model_dir = built["source"].parent / "model"
-    encoder = export.load_pytorch(model_dir)
+    encoder = reference.load_pytorch(model_dir)
     heads = retrieval.load_heads(built["heads"], encoder.config.hidden_size)
     ignored = list(retrieval.ignored_ids(model_dir, encoder.config).values())
     session = runtime.ort_session(built["model"] / retrieval.ONNX_FILE, 1)

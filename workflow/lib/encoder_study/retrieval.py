@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import shutil
 import time
@@ -49,11 +48,13 @@ import torch
 
 from . import files, machine, provenance, runtime, tables
 from .errors import UserError
+from .onnx import checked_export
 from .reference import HiddenStates, load_pytorch, source_dir
-from .runtime import INPUTS, ort_session, usable_positions
+from .runtime import ort_session, usable_positions
 
 OUTPUTS = ("dense", "sparse", "colbert")
 MANIFEST = "retrieval.json"
+MANIFEST_WHAT = "a manifest with a 'files' list"
 ONNX_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 TOKENIZER_FILE = "tokenizer.json"
@@ -77,13 +78,8 @@ PARITY_MARKDOWN = (("case", "case", ""), ("output", "output", ""), ("rows", "row
 # The validation cases, as `retrieval export` lists them in its fragment.
 CASE_MARKDOWN = (("name", "case", ""), ("purpose", "what it checks", ""), ("rows", "rows", ".0f"),
                  ("tokens", "tokens", ".0f"))
-DYNAMIC_AXES = {
-    "input_ids": {0: "batch", 1: "sequence"},
-    "attention_mask": {0: "batch", 1: "sequence"},
-    "dense": {0: "batch"},
-    "sparse": {0: "batch"},
-    "colbert": {0: "batch", 1: "sequence"},
-}
+# The outputs' dynamic axes, in OUTPUTS' order (the inputs' are every export's).
+OUTPUT_AXES = {"dense": {0: "batch"}, "sparse": {0: "batch"}, "colbert": {0: "batch", 1: "sequence"}}
 COLBERT_NOTE = (
     "`colbert` keeps the first position, where FlagEmbedding computes `colbert_linear(hidden[:, 1:])`: "
     "with one vector per position, a consumer that trims each row of a padded batch to the attention "
@@ -169,7 +165,8 @@ def load_heads(heads_dir: str | os.PathLike, width: int) -> Heads:
 
 def ignored_ids(model_dir: str | os.PathLike, config) -> dict[str, int]:
     """The ids FlagEmbedding's sparse head ignores: cls, eos, pad and unk, as role -> id."""
-    tokenizer = json.loads((Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer = files.read_json(Path(model_dir) / "tokenizer.json", "the model's tokenizer (tokenizers' "
+                                "JSON)", "acquire the model again", kind=dict, error=RetrievalError)
     model = tokenizer.get("model", {})
     unk = model.get("unk_id")  # Unigram keeps an id, WordPiece and BPE a piece
     if unk is None and model.get("unk_token") is not None:
@@ -524,17 +521,7 @@ def _write_graph(raw: Path, target: Path, level: str, external: bool, threads: i
     ort.InferenceSession(str(raw), options, providers=["CPUExecutionProvider"])
 
 
-def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | None,
-                 out_dir: str | os.PathLike, settings: Settings) -> tuple[dict, list[dict]]:
-    """Export, optimise and check the three-head graph; publish `out_dir`; return (manifest, parity rows,
-    the memory of each phase).
-
-    `heads_dir` holds colbert_linear.pt and sparse_linear.pt; None reads them from the model's directory
-    (where the Hub snapshot of BGE-M3 keeps them, hashed in source.json). Nothing reaches `out_dir`
-    unless every case passes.
-    """
-    import onnx
-
+def _check_settings(settings: Settings) -> None:
     if settings.opset < MIN_OPSET:
         raise RetrievalError(f"opset {settings.opset}: ScatterElements has reduction 'max' only from opset "
                              f"{MIN_OPSET}; use --opset {MIN_OPSET} or later")
@@ -545,6 +532,61 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
     if settings.external_data not in EXTERNAL_DATA:
         raise RetrievalError(f"external data {settings.external_data!r}: use one of "
                              f"{', '.join(EXTERNAL_DATA)}")
+
+
+def _trace(encoder: torch.nn.Module, heads: Heads, ignored: list[int], case: Case, raw: Path, opset: int
+           ) -> None:
+    """The three-head graph, traced on `case` with attention one head at a time, as `raw` (and, over
+    2 GiB, its weights as files beside it, one per tensor; `_write_graph` gathers them)."""
+    graph = RetrievalModel(encoder, heads, encoder.config.vocab_size, ignored).eval()
+    with attention(encoder, PER_HEAD_ATTENTION):
+        checked_export.trace(graph, (case.input_ids, case.attention_mask), raw, opset, OUTPUT_AXES,
+                             external_data=True)
+
+
+def _optimise(raw: Path, target: Path, shapes: dict[str, list], settings: Settings, threads: int) -> bool:
+    """Check the traced graph `raw`, save it optimised offline as `target` (with external data when
+    the setting asks for it) and check that; remove `raw`'s directory; return whether it has external
+    data."""
+    _declare_outputs(raw, shapes)
+    checked_export.check_graph(raw)
+    external = _external(raw.parent, settings.external_data)
+    _write_graph(raw, target, settings.ort_optimization, external, threads)
+    shutil.rmtree(raw.parent)
+    _drop_unused_domains(target)
+    if settings.ort_optimization != "extended":  # extended adds ONNX Runtime's own operators
+        checked_export.check_graph(target)
+    return external
+
+
+def _check_cases(path: Path, cases: list[Case], wants: list, tolerance: float, threads: int, model: str
+                 ) -> list[dict]:
+    """The parity rows of the graph `path` of `model` in ONNX Runtime against each case's reference in
+    `wants` (freed one by one as they are used); RetrievalError unless every row is within `tolerance`."""
+    session = ort_session(path, threads, CHECK_OPTIMIZATION)
+    rows = []
+    for index, case in enumerate(cases):
+        got = session.run(list(OUTPUTS), {"input_ids": case.input_ids, "attention_mask": case.attention_mask})
+        rows += compare(case, dict(zip(OUTPUTS, got, strict=True)), wants[index], tolerance)
+        wants[index] = got = None  # freed before the next case
+    failed = [r for r in rows if not r["allclose"]]
+    if failed:
+        raise RetrievalError(f"model '{model}': the graph differs from the PyTorch reference beyond "
+                             f"{tolerance} in {len(failed)} of {len(rows)} comparisons; nothing was "
+                             "written:\n" + parity_markdown(rows))
+    return rows
+
+
+def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | None,
+                 out_dir: str | os.PathLike, settings: Settings) -> tuple[dict, list[dict], Memory]:
+    """Export, optimise and check the three-head graph; publish `out_dir`; return (manifest, parity rows,
+    the memory of each phase).
+
+    `heads_dir` holds colbert_linear.pt and sparse_linear.pt; None reads them from the model's directory
+    (where the Hub snapshot of BGE-M3 keeps them, hashed in source.json). Nothing reaches `out_dir`
+    unless every case passes.
+    """
+    _check_settings(settings)
     threads = machine.torch_threads(settings.threads)
     memory = Memory()
     model_dir, source = source_dir(source_json)
@@ -553,102 +595,72 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
         config = encoder.config
         heads = load_heads(heads_dir if heads_dir is not None else model_dir, int(config.hidden_size))
         ignored = ignored_ids(model_dir, config)
+        ids = list(ignored.values())
         cases = parity_cases(model_dir / "tokenizer.json", config)
         # All the references first (at most tens of MiB: the longest case's ColBERT vectors), so that the
         # PyTorch model is gone before ONNX Runtime loads the graph.
-        wants = [reference(encoder, heads, list(ignored.values()), c.input_ids, c.attention_mask)
-                 for c in cases]
-    trace = next(c for c in cases if c.name == "batch")
+        wants = [reference(encoder, heads, ids, c.input_ids, c.attention_mask) for c in cases]
     width, dim, vocab = int(config.hidden_size), int(heads.colbert.out_features), int(config.vocab_size)
     shapes = {"dense": ["batch", width], "sparse": ["batch", vocab], "colbert": ["batch", "sequence", dim]}
-    out_dir = Path(out_dir)
     with files.staging_dir(out_dir) as stage:
-        raw_dir, publish = stage / "raw", stage / "model"
-        raw_dir.mkdir()
+        raw, publish = stage / "raw" / ONNX_FILE, stage / "model"
+        raw.parent.mkdir()
         publish.mkdir()
-        raw = raw_dir / ONNX_FILE
         with memory.phase("export to ONNX (TorchScript tracer)"):
-            graph = RetrievalModel(encoder, heads, config.vocab_size, list(ignored.values())).eval()
-            with torch.no_grad(), attention(encoder, PER_HEAD_ATTENTION):
-                # A str, not a Path: only then does the exporter write a graph over 2 GiB with its weights
-                # as external files beside it (into raw_dir, one per tensor; _write_graph gathers them).
-                torch.onnx.export(
-                    graph, (torch.from_numpy(trace.input_ids), torch.from_numpy(trace.attention_mask)),
-                    str(raw), dynamo=False, opset_version=settings.opset, do_constant_folding=True,
-                    input_names=list(INPUTS), output_names=list(OUTPUTS), dynamic_axes=DYNAMIC_AXES,
-                )
-            del graph, encoder  # the heads stay (small; their shapes go into the manifest)
+            _trace(encoder, heads, ids, next(c for c in cases if c.name == "batch"), raw, settings.opset)
+            del encoder  # the heads stay (small; their shapes go into the manifest)
             gc.collect()
         with memory.phase("optimise, check and save the graph"):
-            _declare_outputs(raw, shapes)
-            onnx.checker.check_model(str(raw), full_check=True)
-            external = _external(raw_dir, settings.external_data)
-            _write_graph(raw, publish / ONNX_FILE, settings.ort_optimization, external, threads)
-            shutil.rmtree(raw_dir)
-            _drop_unused_domains(publish / ONNX_FILE)
-            if settings.ort_optimization != "extended":  # extended adds ONNX Runtime's own operators
-                onnx.checker.check_model(str(publish / ONNX_FILE), full_check=True)
+            external = _optimise(raw, publish / ONNX_FILE, shapes, settings, threads)
         memory.model_bytes = sum(p.stat().st_size for p in files.list_files(publish))
-
-        rows = []
         with memory.phase("check the graph in ONNX Runtime, case by case"):
-            session = ort_session(publish / ONNX_FILE, threads, CHECK_OPTIMIZATION)
-            for index, case in enumerate(cases):
-                got = session.run(list(OUTPUTS), {"input_ids": case.input_ids,
-                                                  "attention_mask": case.attention_mask})
-                rows += compare(case, dict(zip(OUTPUTS, got, strict=True)), wants[index], settings.tolerance)
-                wants[index] = got = None  # freed before the next case
-            del session
-        failed = [r for r in rows if not r["allclose"]]
-        if failed:
-            raise RetrievalError(
-                f"model '{source['model']}': the graph differs from the PyTorch reference beyond "
-                f"{settings.tolerance} in {len(failed)} of {len(rows)} comparisons; nothing was written:\n"
-                + parity_markdown(rows))
-
+            rows = _check_cases(publish / ONNX_FILE, cases, wants, settings.tolerance, threads,
+                                source["model"])
         shutil.copyfile(model_dir / "tokenizer.json", publish / TOKENIZER_FILE)
         shutil.copyfile(model_dir / "config.json", publish / CONFIG_FILE)
-        names = [p.name for p in files.list_files(publish)]
-        record = {
-            "model": source["model"],
-            "source": source["source"],
-            "source_tree_sha256": source["tree_sha256"],
-            "libraries": provenance.library_versions(
-                ["torch", "transformers", "tokenizers", "onnx", "onnxruntime"]),
-            "heads": {
-                "from": "model directory" if heads_dir is None else "heads directory",
-                **{name: {**files.file_record(path), "shape": list(getattr(heads, name).weight.shape)}
-                   for name, path in heads.files.items()},
-            },
-            "exporter": {
-                "function": "torch.onnx.export", "dynamo": False, "opset": settings.opset,
-                "do_constant_folding": True,
-                "attention": f"{PER_HEAD_ATTENTION}: transformers' eager attention, one head at a time",
-                "inputs": {n: {"dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUTS},
-                "outputs": {n: {"dtype": "float32", "shape": s} for n, s in shapes.items()},
-            },
-            "heads_semantics": {
-                "dense": "hidden[:, 0], L2-normalised",
-                "sparse": "relu(sparse_linear(hidden)) * mask, max over tokens per vocabulary id "
-                          "(ScatterElements reduction max), ignored ids zeroed",
-                "sparse_ignored_ids": ignored,
-                "colbert": "colbert_linear(hidden), L2-normalised, * mask; first position kept",
-            },
-            "optimization": {"offline": settings.ort_optimization, "external_data": external,
-                             "check_session": CHECK_OPTIMIZATION},
-            "check": {
-                "cases": [{"name": c.name, "purpose": c.purpose, "rows": int(c.input_ids.shape[0]),
-                           "tokens": int(c.attention_mask.sum())} for c in cases],
-                "tolerance": settings.tolerance,
-                "reference_attention": REFERENCE_ATTENTION,
-                "criterion": "numpy.allclose(graph, reference, rtol=0, atol=tolerance) on every element",
-                "max_abs": {o: max(r["max_abs"] for r in rows if r["output"] == o) for o in OUTPUTS},
-            },
-            "files": [files.file_record(publish / n, publish) for n in sorted(names)],
-        }
+        record = _record(source, heads, heads_dir, ignored, shapes, settings, external, cases, rows)
+        record["files"] = [files.file_record(p, publish) for p in files.list_files(publish)]
         files.write_json(publish / MANIFEST, record)
         files.replace_dir(publish, out_dir)
     return record, rows, memory
+
+
+def _record(source: dict, heads: Heads, heads_dir: str | os.PathLike | None, ignored: dict[str, int],
+            shapes: dict[str, list], settings: Settings, external: bool, cases: list[Case], rows: list[dict]
+            ) -> dict:
+    """retrieval.json, less its file list."""
+    return {
+        "model": source["model"],
+        "source": source["source"],
+        "source_tree_sha256": source["tree_sha256"],
+        "libraries": provenance.library_versions(
+            ["torch", "transformers", "tokenizers", "onnx", "onnxruntime"]),
+        "heads": {
+            "from": "model directory" if heads_dir is None else "heads directory",
+            **{name: {**files.file_record(path), "shape": list(getattr(heads, name).weight.shape)}
+               for name, path in heads.files.items()},
+        },
+        "exporter": checked_export.exporter_record(
+            settings.opset, shapes,
+            attention=f"{PER_HEAD_ATTENTION}: transformers' eager attention, one head at a time"),
+        "heads_semantics": {
+            "dense": "hidden[:, 0], L2-normalised",
+            "sparse": "relu(sparse_linear(hidden)) * mask, max over tokens per vocabulary id "
+                      "(ScatterElements reduction max), ignored ids zeroed",
+            "sparse_ignored_ids": ignored,
+            "colbert": "colbert_linear(hidden), L2-normalised, * mask; first position kept",
+        },
+        "optimization": {"offline": settings.ort_optimization, "external_data": external,
+                         "check_session": CHECK_OPTIMIZATION},
+        "check": {
+            "cases": [{"name": c.name, "purpose": c.purpose, "rows": int(c.input_ids.shape[0]),
+                       "tokens": int(c.attention_mask.sum())} for c in cases],
+            "tolerance": settings.tolerance,
+            "reference_attention": REFERENCE_ATTENTION,
+            "criterion": "numpy.allclose(graph, reference, rtol=0, atol=tolerance) on every element",
+            "max_abs": {o: max(r["max_abs"] for r in rows if r["output"] == o) for o in OUTPUTS},
+        },
+    }
 
 
 # --- verification ---------------------------------------------------------------------------------
@@ -658,12 +670,11 @@ def verify(directory: str | os.PathLike, manifest_name: str) -> list[str]:
     directory = Path(directory)
     path = directory / manifest_name
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        entries = record["files"]
-    except FileNotFoundError:
-        return [f"{path} is missing"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        return [f"{path}: not a manifest with a 'files' list ({err})"]
+        entries = files.read_json(path, MANIFEST_WHAT, "export the graph again", kind=dict)["files"]
+    except files.JsonError as err:
+        return [str(err)]
+    except KeyError:
+        return [f"{path}: expected {MANIFEST_WHAT}, found no 'files'"]
     problems = []
     for entry in entries:
         target = directory / entry["path"]

@@ -14,7 +14,6 @@ A model of the recipe's own is acquired by `encoder-study export acquire`, as ev
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,12 +21,14 @@ from .. import provenance
 
 
 def heads(args) -> int:
-    from .. import reference, retrieval
+    from .. import files, reference, retrieval
 
     with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
         frag.inputs.append(args.source)
         model_dir, _ = reference.source_dir(args.source)
-        width = int(json.loads((model_dir / "config.json").read_text(encoding="utf-8"))["hidden_size"])
+        config = files.read_json(model_dir / "config.json", "the model's Hugging Face config",
+                                 "acquire the model again", kind=dict, error=retrieval.RetrievalError)
+        width = int(config["hidden_size"])
         frag.outputs += retrieval.save_heads(retrieval.random_heads(width, args.seed), args.out_dir)
         frag.note(f"Random heads for a width of {width}: {retrieval.COLBERT_FILE} weight [{width}, {width}], "
                   f"{retrieval.SPARSE_FILE} weight [1, {width}], drawn uniformly in ±1/sqrt({width}) from "
@@ -75,7 +76,7 @@ def export(args) -> int:
 
 def verify(args) -> int:
     """Status 1 and one line per difference on stderr; the fragment only when every file matches."""
-    from .. import retrieval, tables
+    from .. import files, retrieval, tables
 
     results = {directory: retrieval.verify(directory, args.manifest) for directory in args.dirs}
     for problems in results.values():
@@ -86,7 +87,8 @@ def verify(args) -> int:
     lines = []
     with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
         for directory in args.dirs:
-            listed = json.loads((Path(directory) / args.manifest).read_text(encoding="utf-8"))["files"]
+            listed = files.read_json(Path(directory) / args.manifest, retrieval.MANIFEST_WHAT,
+                                     "export the graph again")["files"]  # verify has read it
             print(f"{directory}: {len(listed)} files match {args.manifest}")
             lines.append((directory, f"{len(listed)} files match"))
             frag.inputs.append(Path(directory) / args.manifest)

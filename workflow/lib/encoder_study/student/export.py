@@ -26,18 +26,16 @@ fine-tuned weights into it.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import files, machine, manifest, provenance
-from ..runtime import CHECK_TEXT, DYNAMIC_AXES, INPUTS, OUTPUT, ort_session, pad_batch
+from ..onnx import checked_export
 from ..trainable.postnorm import PostNormEncoder, student_names
 from . import StudentError
 
@@ -46,7 +44,6 @@ SOURCE = "student"
 # The manifest's id of the graph module: stable across the package's rename (distill -> student), so
 # that a student exported before and after it has the same manifest.
 GRAPH_ID = "encoder_study.distill.export.StudentGraph"
-
 
 
 # -- the export-only module -------------------------------------------------------------------------
@@ -207,33 +204,21 @@ def _teacher(teacher_dir: Path) -> tuple[Path, dict, dict]:
     config = {}
     for name in (manifest.CONFIG_FILE, "config.json"):
         if (teacher_dir / name).is_file():
-            config = json.loads((teacher_dir / name).read_text(encoding="utf-8"))
+            config = files.read_json(teacher_dir / name, "the teacher's model config (a JSON object)",
+                                     "export the teacher again", kind=dict, error=StudentError)
             break
     return tokenizer, record, config
 
 
-def check_batch(tokenizer_path: Path, max_positions: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Three right-padded rows of the export check text (48, 32 and 5 pieces, capped at the positions)."""
+def _check_vocabulary(tokenizer_path: Path, encoder: PostNormEncoder) -> None:
+    """The student's table must have a row for every piece of the teacher's tokenizer."""
     from tokenizers import Tokenizer
 
-    longest = min(max_positions, 48)
-    tok = Tokenizer.from_file(str(tokenizer_path))
-    tok.no_padding()
-    rows = []
-    for n in (longest, max(1, (2 * longest) // 3), min(5, longest)):
-        tok.enable_truncation(max_length=n)
-        rows.append(tok.encode(CHECK_TEXT * 8).ids)
-    return pad_batch(rows, pad_id)
-
-
-def _forward(encoder: nn.Module, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    was = encoder.training
-    try:
-        encoder.eval()
-        with torch.no_grad():
-            return encoder(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-    finally:
-        encoder.train(was)
+    pieces = Tokenizer.from_file(str(tokenizer_path)).get_vocab_size(with_added_tokens=True)
+    rows = encoder.settings.vocab_size
+    if pieces > rows:
+        raise StudentError(f"{tokenizer_path}: {pieces} pieces, but the student's table has {rows} "
+                           "rows; the student must have the teacher's whole vocabulary")
 
 
 def _check_round_trip(encoder: PostNormEncoder, onnx_path: Path) -> None:
@@ -259,81 +244,53 @@ def export_student(encoder: PostNormEncoder, teacher_dir: str | os.PathLike, out
     `teacher_dir`: the teacher's export (or model) directory; its tokenizer.json is copied unchanged,
     so the student's ids equal the teacher's for every text. `distillation`: what made the weights
     (e.g. the checkpoint's SHA-256, steps, data), recorded as given. The graph is checked by
-    onnx.checker, by reading its weights back, and by ONNX Runtime against `encoder` on a padded
-    batch (max_abs / max(1, largest |value|) <= tolerance); on any failure nothing reaches `out_dir`.
+    onnx.checker, by ONNX Runtime against `encoder` on a padded batch (max_abs / max(1, largest
+    |value|) <= tolerance) and by reading its weights back; on any failure nothing reaches `out_dir`.
     """
-    import onnx
-    from tokenizers import Tokenizer
-
     check_student(encoder)
     threads = machine.torch_threads(threads)
     tokenizer_path, teacher_record, teacher_config = _teacher(Path(teacher_dir))
-    s = encoder.settings
-    pieces = Tokenizer.from_file(str(tokenizer_path)).get_vocab_size(with_added_tokens=True)
-    if pieces > s.vocab_size:
-        raise StudentError(f"{tokenizer_path}: {pieces} pieces, but the student's table has {s.vocab_size} "
-                           "rows; the student must have the teacher's whole vocabulary")
+    _check_vocabulary(tokenizer_path, encoder)
     pad = teacher_config.get("pad_token_id")
-    pad_id = int(pad) if pad is not None else 0
-    wrapper = StudentGraph(encoder)
-    input_ids, mask = check_batch(tokenizer_path, s.max_positions, pad_id)
-    out_dir = Path(out_dir)
-    names = [manifest.ONNX_FILE, manifest.TOKENIZER_FILE, manifest.CONFIG_FILE]
+    batch = checked_export.check_batch(tokenizer_path, encoder.settings.max_positions,
+                                       int(pad) if pad is not None else 0, error=StudentError)
     with files.staging_dir(out_dir) as stage:
         onnx_path = stage / manifest.ONNX_FILE
-        with torch.no_grad():
-            torch.onnx.export(
-                wrapper, (torch.from_numpy(input_ids), torch.from_numpy(mask)), onnx_path,
-                dynamo=False, opset_version=opset, do_constant_folding=True,
-                input_names=list(INPUTS), output_names=[OUTPUT], dynamic_axes=DYNAMIC_AXES)
-        onnx.checker.check_model(str(onnx_path), full_check=True)
-        files.write_json(stage / manifest.CONFIG_FILE, model_config(encoder, pad))
+        checked_export.trace(StudentGraph(encoder), batch, onnx_path, opset)
+        check = checked_export.check(
+            onnx_path, batch, checked_export.pytorch_output(encoder, batch), threads=threads,
+            optimization=ort_optimization, tolerance=tolerance, what=f"student '{name}'", error=StudentError)
+        files.write_json(stage / manifest.CONFIG_FILE, model_config(encoder, pad))  # the round trip reads it
         _check_round_trip(encoder, onnx_path)
-        reference = _forward(encoder, input_ids, mask)
-        session = ort_session(onnx_path, threads, ort_optimization)
-        got = session.run([OUTPUT], {"input_ids": input_ids, "attention_mask": mask})[0]
-        real = mask.astype(bool)
-        max_abs = float(np.abs(got - reference)[real].max())
-        max_value = float(np.abs(reference[real]).max())
-        relative = max_abs / max(1.0, max_value)
-        if not np.isfinite(relative) or relative > tolerance:
-            raise StudentError(f"student '{name}': ONNX Runtime differs from PyTorch by {max_abs:.3g} "
-                               f"(largest value {max_value:.3g}, relative {relative:.3g} > tolerance "
-                               f"{tolerance}); nothing was written")
         shutil.copyfile(tokenizer_path, stage / manifest.TOKENIZER_FILE)
-        total = sum(p.numel() for p in encoder.parameters())
-        record = {
-            "model": name,
-            "source": SOURCE,
-            "teacher": {"model": teacher_record.get("model"),
-                        "tokenizer_sha256": files.sha256_file(tokenizer_path),
-                        "files": teacher_record.get("files")},
-            "distillation": distillation,
-            "libraries": provenance.library_versions(["torch", "tokenizers", "onnx", "onnxruntime"]),
-            "exporter": {
-                "function": "torch.onnx.export", "dynamo": False, "opset": opset,
-                "do_constant_folding": True, "module": GRAPH_ID,
-                "weights": "named initializers, linear weights stored [in, out]",
-                "inputs": {n: {"dtype": "int64", "shape": ["batch", "sequence"]} for n in INPUTS},
-                "outputs": {OUTPUT: {"dtype": "float32", "shape": ["batch", "sequence", "width"]}},
-            },
-            "architecture": {
-                "model_type": MODEL_TYPE, "width": s.width, "layers": s.layers, "heads": s.heads,
-                "intermediate": s.intermediate, "embedding_width": s.embedding_width,
-                "max_positions": s.max_positions, "eps": s.eps, "vocab_size": s.vocab_size,
-                "parameters": total, "vocabulary_parameters": encoder.tokens.weight.numel(),
-            },
-            "check": {
-                "lengths": [int(n) for n in mask.sum(axis=1)], "padded_to": int(mask.shape[1]),
-                "onnx_checker": "passed (full_check)", "weights_read_back": "equal",
-                "ort_optimization": ort_optimization, "max_abs": max_abs, "max_value": max_value,
-                "relative": relative, "tolerance": tolerance,
-                "criterion": "max_abs / max(1, max_value) <= tolerance",
-            },
-        }
-        record = manifest.write(stage, record, names)
-        files.publish(stage, out_dir, [*names, manifest.MANIFEST])
-    return record
+        teacher = {"model": teacher_record.get("model"), "files": teacher_record.get("files"),
+                   "tokenizer_sha256": files.sha256_file(tokenizer_path)}
+        record = _record(encoder, name, teacher, distillation, opset, {**check, "weights_read_back": "equal"})
+        return checked_export.publish(stage, out_dir, record)
+
+
+def _record(encoder: PostNormEncoder, name: str, teacher: dict, distillation: dict, opset: int,
+            check: dict) -> dict:
+    """The student's export.json, less its file list."""
+    s = encoder.settings
+    return {
+        "model": name,
+        "source": SOURCE,
+        "teacher": teacher,
+        "distillation": distillation,
+        "libraries": provenance.library_versions(["torch", "tokenizers", "onnx", "onnxruntime"]),
+        "exporter": checked_export.exporter_record(
+            opset, checked_export.HIDDEN_SHAPES, module=GRAPH_ID,
+            weights="named initializers, linear weights stored [in, out]"),
+        "architecture": {
+            "model_type": MODEL_TYPE, "width": s.width, "layers": s.layers, "heads": s.heads,
+            "intermediate": s.intermediate, "embedding_width": s.embedding_width,
+            "max_positions": s.max_positions, "eps": s.eps, "vocab_size": s.vocab_size,
+            "parameters": sum(p.numel() for p in encoder.parameters()),
+            "vocabulary_parameters": encoder.tokens.weight.numel(),
+        },
+        "check": check,
+    }
 
 
 def graph_names(layers: int, prefix: str = "model.") -> dict[str, str]:
