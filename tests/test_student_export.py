@@ -186,7 +186,7 @@ def test_export_is_deterministic_and_refuses_without_publishing(student, exporte
     again = tmp_path / "again"
     student_export.export_student(student, teacher, again, distillation={"checkpoint_sha256": "ab" * 32},
                                   **EXPORT)
-    for name in (*manifest.MODEL_FILES, manifest.MANIFEST):
+    for name in manifest.EXPORT_FILES:
         assert (again / name).read_bytes() == (exported / name).read_bytes(), name
     refused = tmp_path / "refused"
     with pytest.raises(StudentError, match="tolerance"):

@@ -224,7 +224,7 @@ def pipeline_inputs(inline: str | os.PathLike) -> list:
     """The files `write_pipeline` reads: the inline pipeline and the export it references."""
     settings, _ = pipeline.read(inline)
     model_dir = Path(inline).parent / settings["encoder"]["model_dir"]
-    return [inline, *(model_dir / n for n in (*manifest.MODEL_FILES, manifest.MANIFEST))]
+    return [inline, *(model_dir / n for n in manifest.EXPORT_FILES)]
 
 
 def write_pipeline(inline: str | os.PathLike, out: str | os.PathLike, threads: int) -> dict:

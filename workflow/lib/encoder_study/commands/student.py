@@ -27,8 +27,6 @@ from pathlib import Path
 
 from .. import manifest, provenance
 
-TEACHER_FILES = (manifest.ONNX_FILE, manifest.TOKENIZER_FILE, manifest.CONFIG_FILE, manifest.MANIFEST)
-
 
 def _json_object(text: str) -> dict:
     try:
@@ -101,7 +99,7 @@ def distill(args) -> int:
             return 0
         library.write_log(rows, args.loss_log)
         library.plot_loss(rows, args.plot)
-        frag.inputs += [Path(args.teacher_dir) / n for n in TEACHER_FILES]
+        frag.inputs += [Path(args.teacher_dir) / n for n in manifest.EXPORT_FILES]
         frag.inputs += [p for p in (args.tatoeba, args.udhr) if p]
         frag.outputs += [args.out, args.loss_log, args.plot]
         frag.table("Training log", tables.markdown_table(
@@ -124,9 +122,9 @@ def export(args) -> int:
             threads=threads, opset=args.opset, ort_optimization=args.ort_optimization,
             distillation={"student": Path(args.student).name, "sha256": files.sha256_file(args.student),
                           "teacher": saved.get("teacher"), "steps": saved.get("steps")})
-        frag.inputs += [args.student, *(Path(args.teacher_dir) / n for n in TEACHER_FILES)]
+        frag.inputs += [args.student, *(Path(args.teacher_dir) / n for n in manifest.EXPORT_FILES)]
         out = Path(args.out_dir)
-        frag.outputs += [out / n for n in TEACHER_FILES]
+        frag.outputs += [out / n for n in manifest.EXPORT_FILES]
         check = record["check"]
         frag.note(f"export check, ONNX Runtime against PyTorch on a padded batch of lengths "
                   f"{check['lengths']}: max abs {check['max_abs']:.3g}, largest value "
@@ -150,7 +148,7 @@ def parity(args) -> int:
         files.write_text(args.out, tables.csv_text(rows, student_parity.PARITY_COLUMNS))
         markdown = student_parity.parity_markdown(rows)
         files.write_text(markdown_path, markdown)
-        frag.inputs += [args.student, args.texts, *(Path(args.export_dir) / n for n in TEACHER_FILES)]
+        frag.inputs += [args.student, args.texts, *(Path(args.export_dir) / n for n in manifest.EXPORT_FILES)]
         frag.outputs += [args.out, markdown_path]
         frag.table("Student parity (one text per run, every token)", markdown)
     return 0

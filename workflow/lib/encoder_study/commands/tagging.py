@@ -351,8 +351,7 @@ def train(args) -> int:
     paths = {**{split: getattr(args, split) for split in SPLITS}, **_extras(args.extra)}
     model_dir = Path(args.model_dir)
     with provenance.Fragment(args.provenance, _settings(args), threads=threads) as frag:
-        frag.inputs += [*paths.values(), *(model_dir / n for n in (
-            manifest.ONNX_FILE, manifest.TOKENIZER_FILE, manifest.CONFIG_FILE, manifest.MANIFEST))]
+        frag.inputs += [*paths.values(), *(model_dir / n for n in manifest.EXPORT_FILES)]
         done = runs.train_run(args.run_name, model_dir, args.pooling, paths, args.out_dir, settings, options,
                               checkpoint=args.checkpoint, chunk_steps=args.chunk_steps,
                               resamples=args.resamples, bootstrap_seed=args.bootstrap_seed, progress=True)

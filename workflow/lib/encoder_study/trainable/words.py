@@ -33,8 +33,6 @@ from ..runtime import pad_batch, usable_positions
 from ..tokens import Doc, DocPieces, PieceTokenizer, check_pooling
 
 CHECKPOINT_FORMAT = "encoder_study.trainable.words/1"
-# Files whose hash a checkpoint records: the words it produces depend on all three.
-MODEL_FILES = manifest.MODEL_FILES
 
 
 def plan_batches(lengths: Sequence[int], max_batch_pieces: int) -> list[list[int]]:
@@ -219,7 +217,7 @@ class TrainableEncoder(nn.Module):
         (the layers; the token table too when it trains). A tagger stores this inside its own state."""
         words = {"pooling": self.pooling, "max_length": self.max_length_requested,
                  "max_batch_pieces": self.max_batch_pieces, "model": self.manifest.get("model"),
-                 "files": {name: self.file_hashes[name] for name in MODEL_FILES}}
+                 "files": {name: self.file_hashes[name] for name in manifest.MODEL_FILES}}
         return {"format": CHECKPOINT_FORMAT, "words": words,
                 "encoder": trainable.checkpoint(self.encoder, self.file_hashes[manifest.ONNX_FILE])}
 
