@@ -140,5 +140,5 @@ def publish(stage: Path, out_dir: str | os.PathLike, record: dict) -> dict:
     """Write export.json for the staged model files into `stage`, then rename them into `out_dir`, the
     manifest last; return the manifest."""
     record = manifest.write(stage, record, list(manifest.MODEL_FILES))
-    files.publish(stage, out_dir, [*manifest.MODEL_FILES, manifest.MANIFEST])
+    files.publish(stage, out_dir, list(manifest.EXPORT_FILES))
     return record
