@@ -23,13 +23,13 @@ TRAINING = {"steps": 6, "batch_windows": 4, "window_lengths": [16, 24], "chunk_s
 STOPPED = """
 import sys
 from encoder_study import cli
-from encoder_study.student import train
-real = train._Run.train_step
+from encoder_study.student import distill
+real = distill._Run.train_step
 def train_step(self):
     if self.step == 4:
         raise RuntimeError("test-only stop before step 5")
     real(self)
-train._Run.train_step = train_step
+distill._Run.train_step = train_step
 sys.exit(cli.main(sys.argv[1:]))
 """
 

@@ -400,39 +400,6 @@ def test_two_ranks_match_one_process_over_the_global_batch(tiny_exports, tmp_pat
 
 # --- device, precision, progress -------------------------------------------------------------------------
 
-def test_device_choices_resolve_and_cuda_is_refused_without_a_gpu(monkeypatch):
-    assert distill.resolve_device("cpu", 1) == torch.device("cpu")
-    with monkeypatch.context() as patch:  # what auto and cuda give on a GPU node: the rank's GPU
-        patch.setattr(torch.cuda, "is_available", lambda: True)
-        assert distill.resolve_device("auto", 1) == torch.device("cuda", 1)
-        assert distill.resolve_device(None, 0) == torch.device("cuda", 0)
-        assert distill.resolve_device("cuda", 1) == torch.device("cuda", 1)
-        assert distill.resolve_device("cpu", 1) == torch.device("cpu")
-    with monkeypatch.context() as patch:
-        patch.setattr(torch.cuda, "is_available", lambda: False)
-        assert distill.resolve_device("auto", 1) == torch.device("cpu")
-        with pytest.raises(StudentError, match="sees no CUDA device.*envs/torch-cuda.txt"):
-            distill.resolve_device("cuda")
-    with pytest.raises(StudentError, match="expected one of"):
-        distill.resolve_device("gpu")
-    with pytest.raises(StudentError, match="expected one of"):
-        distill.check_precision("fp16", torch.device("cpu"))
-
-
-def test_cuda_determinism_fixes_the_cublas_workspace_before_cuda_starts(monkeypatch):
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-    before = (cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
-    try:  # set by hand and restored by hand: cuBLAS's module object cannot be monkeypatched
-        cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = False, True, True, True
-        distill.cuda_determinism()
-        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == distill.CUBLAS_WORKSPACE
-        assert cudnn.deterministic and not cudnn.benchmark
-        assert not cudnn.allow_tf32 and not matmul.allow_tf32
-    finally:
-        cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = before
-
-
 def _distill(teacher, workdir, run=TINY_RUN, **kwargs):
     options = {"amounts": None, "device": "cpu", "progress": False, **kwargs}
     return distill.distill(teacher, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT, run,
@@ -452,8 +419,8 @@ def test_bf16_autocast_trains_in_float32_weights_and_is_part_of_the_identity(tin
     assert [r["loss"] for r in bf16] != [r["loss"] for r in fp32]
     assert bf16[-1]["loss"] == pytest.approx(fp32[-1]["loss"], rel=0.1)
     # A line per log row on stderr, with the time left; none without `progress`.
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("distill step")]
-    assert [line.split()[2] for line in lines] == ["2/6", "4/6", "6/6"]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("distill: step")]
+    assert [line.split()[2] for line in lines] == ["2/6,", "4/6,", "6/6,"]
     assert all(" loss " in line and " elapsed 0:" in line and " left 0:" in line for line in lines)
     assert lines[-1].endswith("left 0:00:00")
 

@@ -24,6 +24,7 @@ from encoder_study.frozen import FrozenEncoder
 from encoder_study.tagging import train as training
 from encoder_study.tagging.tagger import Tagger
 from encoder_study.tagging.train import CheckpointError, TrainingError, TrainSettings, train
+from encoder_study.trainable import harness
 from encoder_study.trainable.words import TrainableEncoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,36 +236,13 @@ def test_settings_refuse_what_the_optimizer_or_mode_cannot_do():
 # -- device --------------------------------------------------------------------------------------------
 
 
-def test_resolve_device(monkeypatch):
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    assert training.resolve_device("cpu") == "cpu"
-    assert "CUBLAS_WORKSPACE_CONFIG" not in training.os.environ  # nothing set for a CPU run
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert training.resolve_device("auto") == "cpu"
-    with pytest.raises(TrainingError, match=r"--device cuda, but torch .* sees no GPU.*--device auto or cpu"):
-        training.resolve_device("cuda")
-    with pytest.raises(TrainingError, match="auto, cpu or cuda"):
-        training.resolve_device("gpu")
-
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert training.resolve_device("auto") == "cuda"
-    # Set before CUDA starts (cuBLAS reads it once), so that its reductions repeat.
-    assert training.os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
-    with pytest.raises(TrainingError, match="CUBLAS_WORKSPACE_CONFIG is ':0:0'"):
-        training.resolve_device("cuda")
-
-
 def test_the_auto_device_resolves_to_this_machine_and_the_tagger_lives_there(tiny_exports, sentences):
-    device = training.resolve_device("auto")
+    device = harness.resolve_device("auto").type
     assert device == ("cuda" if torch.cuda.is_available() else "cpu")
     tagger = Tagger(FrozenEncoder(tiny_exports["bert-tiny"], pooling="mean", max_length=512), seed=0)
     train(tagger, sentences["train"], sentences["dev"], settings_for(epochs=2, device=device))
     assert tagger.device.type == device
     assert tagger.word_vectors([sentences["dev"][0].doc()]).device.type == device
-    assert training.describe_device("cpu") == "cpu"
 
 
 def test_a_checkpoint_from_another_device_is_refused_with_the_way_out(tiny_exports, sentences, tmp_path):

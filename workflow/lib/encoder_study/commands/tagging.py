@@ -336,10 +336,11 @@ def train(args) -> int:
     from .. import machine, manifest
     from ..tables import markdown_table
     from ..tagging import evaluate, runs
-    from ..tagging.train import TrainSettings, resolve_device
+    from ..tagging.train import TrainSettings
+    from ..trainable.harness import resolve_device
 
     threads = machine.usable_threads(args.threads)
-    device = resolve_device(args.device)  # before anything starts CUDA
+    device = resolve_device(args.device).type  # before anything starts CUDA
     settings = TrainSettings(
         mode=args.mode, optimizer=args.optimizer, seed=args.seed, lr=args.lr, weight_decay=args.weight_decay,
         epochs=args.epochs, max_steps=args.max_steps, warmup=args.warmup, batch_words=args.batch_words,
@@ -387,7 +388,7 @@ _STOPPED = {"plateau": "--patience development evaluations without a new best",
 
 def _report_device(device: str, precision: str | None = None) -> None:
     """Tell the fragment's device facts (provenance.device) which torch device (and precision) ran."""
-    from ..tagging.train import describe_device
+    from ..trainable.harness import describe_device
 
     provenance.used("torch device", describe_device(device))
     if precision is not None:
@@ -445,10 +446,10 @@ def step_time(args) -> int:
     from .. import files, machine, manifest
     from ..tables import csv_text
     from ..tagging import steptime
-    from ..tagging.train import resolve_device
+    from ..trainable.harness import resolve_device
 
     threads = machine.torch_threads(args.threads)
-    device = resolve_device(args.device)  # before anything starts CUDA
+    device = resolve_device(args.device).type  # before anything starts CUDA
     out, markdown_path = Path(args.out), Path(args.out).with_suffix(".md")
     with provenance.Fragment(args.provenance, _settings(args), threads=threads) as frag:
         rows, before = [], machine.load_average()

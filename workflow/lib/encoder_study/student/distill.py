@@ -27,29 +27,38 @@ without broadcasts. Against one process over the whole batch, only float additio
 agree to rounding (tests/test_distill.py measures it). Only rank 0 writes checkpoints and outputs.
 Backend: NCCL on CUDA, gloo on CPU.
 
-Device (`resolve_device`): "auto" is the rank's GPU when torch sees one, else the CPU; "cuda" refuses
-to start without one. On CUDA the run is made deterministic before cuBLAS starts: a fixed cuBLAS
-workspace (CUBLAS_WORKSPACE_CONFIG), deterministic algorithms (nondeterministic ones warn in the log),
-cuDNN deterministic and not benchmarking, no TF32 matrix products. The device type is part of the run's
-identity: a checkpoint written on a GPU resumes on a GPU and is refused, naming the change, on a CPU
-(the numbers of the two differ in their last bits, so a resumed run would not end where either ends).
+The harness (`trainable.harness`) runs the loop: device, determinism, precision, chunked checkpoints,
+resuming and progress; this module gives the objective and the data.
+
+Device (`harness.resolve_device`): "auto" is the rank's GPU when torch sees one, else the CPU; "cuda"
+refuses to start without one. On CUDA the run is deterministic (`harness.deterministic`): a fixed cuBLAS
+workspace set before CUDA starts, strict deterministic algorithms, cuDNN deterministic and not
+benchmarking, no TF32 matrix products. The device type is part of the run's identity: a checkpoint
+written on a GPU resumes on a GPU and is refused, naming the change, on a CPU (the numbers of the two
+differ in their last bits, so a resumed run would not end where either ends).
 
 Precision: "fp32", or "bf16" autocast for the teacher's and the student's forward passes and the
 objective (weights, gradients, AdamW, the EMA and the feature statistics stay float32). Part of the
 run's identity, off by default; the parity tables measure the float32 student whatever trained it.
 
-Progress: with `progress`, rank 0 prints a plain line per log row to stderr (step, loss and terms,
-learning rate, elapsed time, an estimate of the time left from this call's steps per second).
+Progress: with `progress`, rank 0 reports each log row on stderr (`harness.Progress`: step, loss and
+terms, learning rate, elapsed time, an estimate of the time left from this call's steps per second).
 
-Chunks: with `chunk_steps` K > 0 the run saves its checkpoint after every K steps and goes on in the
-same call; it saves once more at the end, before the student is written, so a failure while writing
-costs no training. A call that finds a checkpoint resumes from it: after a crash or a walltime kill,
-running the same command again (Snakemake's `retries`) loses at most K steps. A checkpoint holds the
-student, the maps and the feature statistics, AdamW's state, the EMA, the RNG states, the step and
-the log rows, and refuses to resume a run with other settings, teacher, corpus, world size or thread
-count (each changes the result in its last bits or more). A run resumed from it computes bit for bit
-what the uninterrupted run computes. The caller removes the checkpoint once it has what it needs
-(`encoder-study student distill` does, after its last output).
+Optimizer: `trainable.common.adamw` with weight decay on matrices only, in PyTorch's default
+implementation rather than the fused kernel tagging uses (the fused one moves the weights in their last
+bits, and the student keeps the weights it has always been distilled to); the gradient norm clipped by
+`trainable.common.clip_gradients` (torch's clip, bit for bit).
+
+Chunks: with `chunk_steps` K > 0 the run saves its checkpoint every K steps and goes on in the same
+call from what it saved (`harness.Loop`, chunks "save"); it saves once more at the end, before the
+student is written, so a failure while writing costs no training. A call that finds a checkpoint
+resumes from it: after a crash or a walltime kill, running the same command again (Snakemake's
+`retries`) loses at most K steps. A checkpoint holds the student, the maps and the feature statistics,
+AdamW's state, the EMA, the RNG states, the step and the log rows, and refuses to resume a run with
+other settings, teacher, corpus, world size or thread count (each changes the result in its last bits
+or more). A run resumed from it computes bit for bit what the uninterrupted run computes. The caller
+removes the checkpoint once it has what it needs (`encoder-study student distill` does, after its last
+output).
 
 Training config keys (`TrainingConfig`, defaults sized for the embedded default: the MiniLM teacher
 6 x 384, a 3 x 192 student, windows of 32 and 64 pieces, a few minutes on 2 CPU cores):
@@ -79,15 +88,12 @@ Training config keys (`TrainingConfig`, defaults sized for the embedded default:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import os
 import random
-import sys
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,17 +105,14 @@ from torch import nn
 from .. import files, plots, provenance, tables, trainable
 from ..files import CheckpointError  # noqa: F401 -- what resuming raises; callers import it from here
 from ..tokens import PieceTokenizer
-from ..trainable.common import determinism
+from ..trainable import harness
+from ..trainable.common import adamw, clip_gradients
 from ..trainable.postnorm import PostNormEncoder, PostNormSettings
 from . import StudentError, architecture
 from .data import STATS_STREAM, Corpus, Document
 from .objective import TERMS, FeatureStats, Objective, layer_map
 
 CHECKPOINT_FORMAT = "encoder_study.distill.train/1"  # a stable format id (files written before the rename)
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # autocast dtype (None: autocast off)
-# cuBLAS is deterministic only with a fixed workspace per handle; it reads this when it starts.
-CUBLAS_WORKSPACE = ":4096:8"
 # Named after the architecture module as it was called when the format was made (now `architecture`);
 # kept, because the name is inside every student.pt and `load_student` checks it.
 STUDENT_FORMAT = "encoder_study.distill.student/1"  # a stable format id
@@ -296,65 +299,29 @@ class EMA:
             self.shadow[name].copy_(value)
 
 
-def init_distributed(device: str | None = "auto") -> tuple[int, int, int]:
-    """(rank, world size, local rank); joins the process group when WORLD_SIZE > 1 (torchrun's env):
-    NCCL when the run is to use CUDA (`device` auto or cuda, a GPU seen), gloo otherwise."""
+def local_rank() -> int:
+    """This process's GPU index on its node: torchrun's LOCAL_RANK with several processes, else 0."""
+    return int(os.environ.get("LOCAL_RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+
+
+def init_distributed(device: torch.device) -> tuple[int, int]:
+    """(rank, world size); joins the process group when WORLD_SIZE > 1 (torchrun's env): NCCL when the
+    run computes on CUDA, gloo otherwise."""
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if world == 1:
-        return 0, 1, 0
-    if device != "cpu" and torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
+        return dist.get_rank(), dist.get_world_size()
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return 0, 1
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
         dist.init_process_group("nccl")
     else:
         dist.init_process_group("gloo")
-    return dist.get_rank(), dist.get_world_size(), local_rank
+    return dist.get_rank(), dist.get_world_size()
 
 
 def shard(rank: int, world: int) -> slice:
     """The windows of a global batch that `rank` takes."""
     return slice(rank, None, world)
-
-
-def resolve_device(choice: str | None, local_rank: int = 0) -> torch.device:
-    """The torch device for `--device auto|cpu|cuda` (None: auto) on the rank with `local_rank`."""
-    choice = "auto" if choice is None else choice
-    if choice not in DEVICES:
-        raise StudentError(f"device {choice!r}: expected one of {list(DEVICES)}")
-    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        build = torch.version.cuda or "none: a CPU build"
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
-        raise StudentError(f"--device cuda, but torch {torch.__version__} sees no CUDA device (its CUDA: "
-                           f"{build}; CUDA_VISIBLE_DEVICES={visible}); run on a GPU node with the CUDA "
-                           "build (envs/torch-cuda.txt), or use --device auto or cpu")
-    return torch.device("cuda", local_rank)
-
-
-def cuda_determinism() -> None:
-    """Settings that make CUDA runs repeat bit for bit; call before the first CUDA operation."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-
-
-def check_precision(precision: str, device: torch.device) -> None:
-    if precision not in PRECISIONS:
-        raise StudentError(f"precision {precision!r}: expected one of {list(PRECISIONS)}")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise StudentError(f"precision bf16: {torch.cuda.get_device_name(device)} has no bfloat16 "
-                           "support; use --precision fp32")
-
-
-def format_seconds(seconds: float) -> str:
-    """h:mm:ss, for progress lines."""
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def _barrier(world: int) -> None:
@@ -384,7 +351,7 @@ def distill(teacher_dir: str | os.PathLike, documents: Iterable[Document],
 
     Joins the process group when launched by torchrun. `amounts`: text per language for the language
     weights (None: the characters of `documents`); `device` "auto" (or None), "cpu" or "cuda"
-    (`resolve_device`); `precision` "fp32" or "bf16"; `progress`: a line per log row on stderr.
+    (`harness.resolve_device`); `precision` "fp32" or "bf16"; `progress`: a line per log row on stderr.
     Returns the log rows; the student (EMA weights and settings, see `load_student`) is then at
     `out_path` and the finished state at `checkpoint_path`.
     """
@@ -407,14 +374,12 @@ def train(teacher: nn.Module, corpus: Corpus, student_config, config: TrainingCo
 
     `teacher_id` None: the teacher's `teacher_digest`.
     """
-    if device != "cpu":  # before anything (NCCL's set-up included) can start cuBLAS
-        cuda_determinism()
-    rank, world, local_rank = init_distributed(device)
-    device = resolve_device(device, local_rank)
-    check_precision(precision, device)
-    provenance.used("torch device", device)
+    device = harness.resolve_device(device, local_rank())  # before anything (NCCL's set-up too) starts CUDA
+    rank, world = init_distributed(device)
+    harness.check_precision(precision, device)
+    provenance.used("torch device", harness.describe_device(device))
     provenance.used("torch precision", precision)
-    with determinism(config.threads or torch.get_num_threads()):
+    with harness.deterministic(device, config.threads or torch.get_num_threads()):
         run = _Run(teacher, corpus, student_config, config, Path(checkpoint_path), device, rank, world,
                    teacher_id or teacher_digest(teacher), precision)
         return run.go(Path(out_path), progress)
@@ -454,26 +419,37 @@ def plot_loss(rows: Sequence[Mapping], path: str | os.PathLike) -> None:
 # The run
 
 
-class _Run:
+def check_windows(config: TrainingConfig, student_config, teacher_settings) -> None:
+    """Refuse windows longer than the student's or the teacher's positions."""
+    limits = {"student": student_config.max_positions}
+    if hasattr(teacher_settings, "max_positions"):
+        limits["teacher"] = teacher_settings.max_positions - teacher_settings.position_offset
+    for who, limit in limits.items():
+        if max(config.window_lengths) > limit:
+            raise StudentError(f"window length {max(config.window_lengths)} exceeds the {who}'s "
+                               f"{limit} positions")
+
+
+class _Run(harness.Loop):
+    """One distillation: the teacher, the student and its maps, the objective; `harness.Loop` the rest."""
+
+    FORMAT = CHECKPOINT_FORMAT
+    WHAT = "distillation checkpoint"
+    CHUNKS = "save"  # the student records each chunk's steps, the same whether resumed or not
+
     def __init__(self, teacher: nn.Module, corpus: Corpus, student_config, config: TrainingConfig,
                  checkpoint: Path, device: torch.device, rank: int, world: int, teacher_id: str,
                  precision: str = "fp32"):
         if config.batch_windows < world:
             raise StudentError(f"batch_windows {config.batch_windows} is smaller than the world size "
                                f"{world}: some ranks would have no windows")
-        self.config, self.corpus, self.checkpoint = config, corpus, checkpoint
-        self.device, self.rank, self.world = device, rank, world
-        self.autocast_dtype = PRECISIONS[precision]
+        super().__init__(checkpoint, device)
+        self.config, self.corpus = config, corpus
+        self.rank, self.world, self.precision = rank, world, precision
         self.teacher = teacher.to(device).eval().requires_grad_(False)
         ts = teacher.settings
         self.pad_id = int(teacher.filler_id)
-        limits = {"student": student_config.max_positions}
-        if hasattr(ts, "max_positions"):
-            limits["teacher"] = ts.max_positions - ts.position_offset
-        for who, limit in limits.items():
-            if max(config.window_lengths) > limit:
-                raise StudentError(f"window length {max(config.window_lengths)} exceeds the {who}'s "
-                                   f"{limit} positions")
+        check_windows(config, student_config, ts)
         self.mapping = layer_map(student_config.layers, ts.layers, config.layer_map)
         self.fingerprint = {
             "config": config.identity(), "student": dataclasses.asdict(student_config), "teacher": teacher_id,
@@ -493,69 +469,40 @@ class _Run:
                                        config.loss_weights()).to(device)
         self.params = list(self.student.parameters()) + list(self.objective.parameters())
         # Weight decay on matrices only: decaying norms and biases towards 0 has no reason here.
-        decay = [p for p in self.params if p.ndim >= 2]
-        no_decay = [p for p in self.params if p.ndim < 2]
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                            {"params": no_decay, "weight_decay": 0.0}], lr=config.lr)
+        self.optimizer = adamw(self.params, config.lr, config.weight_decay, matrices_only=True, fused=None)
         self.ema = EMA(self.student, config.ema_decay)
         torch.manual_seed(config.seed)  # nothing draws from these now; anything added later is seeded
         random.seed(config.seed)
 
-        self.step = 0
         self.rows: list[dict] = []
         # Since the last log row: the sums of the loss and the terms, the steps, the tokens.
         self.pending = [0.0] * (1 + len(TERMS)) + [0, 0]
-        self.chunks: list[dict] = []
-        if checkpoint.exists():
-            self.load(checkpoint)
-        else:
+        if not self.resume():
             self.feature_stats()
 
     # -- the loop --------------------------------------------------------------------------------------
 
     def go(self, out_path: Path, progress: bool) -> tuple[dict, ...]:
-        """Train to the last step, saving every `chunk_steps`; write the student; return the log rows.
-
-        A chunk is the steps between two saves; the student records their ranges, which therefore
-        do not depend on where a run was resumed.
-        """
-        config = self.config
-        start, started = self.step, time.perf_counter()
-        first, began = self.step, started  # of this call, for the time-left estimate
-        while self.step < config.steps:
-            self.train_step()
-            if self.rank == 0 and progress and self.rows and self.rows[-1]["step"] == self.step:
-                self.print_progress(self.rows[-1], first, began)
-            if config.chunk_steps and self.step - start >= config.chunk_steps and self.step < config.steps:
-                self.chunks.append(self.chunk_record(start, started))
-                self.save()
-                # Go on from what was saved, as a rerun after a crash would: the same values and the
-                # same objects (pickle writes an object met twice once), so that the student's bytes do
-                # not depend on whether, or after which chunk, the run was resumed.
-                self.load(self.checkpoint)
-                start, started = self.step, time.perf_counter()
-        if self.step > start:
-            self.chunks.append(self.chunk_record(start, started))
-            self.save()  # the finished state: a failure while writing the student costs no training
+        """Train to the last step (`harness.Loop.train`), write the student, return the log rows."""
+        self.train(self.config.chunk_steps, progress and self.rank == 0, "distill")
         if self.rank == 0:
             self.write_student(out_path)
         _barrier(self.world)
         return tuple(self.rows)
 
-    def print_progress(self, row: dict, first: int, began: float) -> None:
-        """One plain line per log row: step, loss and terms, lr, elapsed time and the time left."""
-        elapsed = time.perf_counter() - began
-        left = elapsed / (self.step - first) * (self.config.steps - self.step)
-        terms = " ".join(f"{t} {row[t]:.4g}" for t in TERMS)
-        print(f"distill step {self.step}/{self.config.steps} loss {row['loss']:.4g} ({terms}) "
-              f"lr {row['lr']:.3g} elapsed {format_seconds(elapsed)} left {format_seconds(left)}",
-              file=sys.stderr, flush=True)
+    def finished(self) -> bool:
+        return self.step >= self.config.steps
 
-    def autocast(self):
-        """bf16 autocast for forward passes and the objective when asked; a no-op for fp32."""
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+    def total_steps(self) -> int:
+        return self.config.steps
+
+    def report(self) -> str | None:
+        """The log row this step wrote, for the progress line; None if it wrote none."""
+        if not self.rows or self.rows[-1]["step"] != self.step:
+            return None
+        row = self.rows[-1]
+        terms = " ".join(f"{t} {row[t]:.4g}" for t in TERMS)
+        return f"loss {row['loss']:.4g} ({terms}), lr {row['lr']:.3g}"
 
     def feature_stats(self) -> None:
         """Mean and std of the teacher's target state over the fixed sample (the statistics stream).
@@ -585,7 +532,7 @@ class _Run:
         lr = config.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        with self.autocast():
+        with harness.autocast(self.device, self.precision):
             with torch.no_grad():
                 teacher_states = self.teacher.hidden_states(ids, mask)
             student_states = self.student.hidden_states(ids, mask)[1:]
@@ -599,15 +546,19 @@ class _Run:
             self.sum_gradients()
             dist.all_reduce(values)  # each rank holds its share of the global mean: the sum is the whole
         if config.clip:
-            torch.nn.utils.clip_grad_norm_(self.params, config.clip)
+            clip_gradients(self.params, config.clip)
         self.optimizer.step()
         self.ema.update(self.student)
         self.step += 1
-        for i, v in enumerate(values.cpu().tolist()):
+        self.log(values.cpu().tolist(), tokens, lr)
+
+    def log(self, values: list[float], tokens: int, lr: float) -> None:
+        """Add the step's loss, terms and tokens to the pending sums; a log row every log_every steps."""
+        for i, v in enumerate(values):
             self.pending[i] += v
         self.pending[-2] += 1
         self.pending[-1] += tokens
-        if self.step % config.log_every == 0 or self.step == config.steps:
+        if self.step % self.config.log_every == 0 or self.step == self.config.steps:
             n = self.pending[-2]
             self.rows.append({"step": self.step, "loss": self.pending[0] / n,
                               **{t: self.pending[1 + i] / n for i, t in enumerate(TERMS)},
@@ -624,41 +575,29 @@ class _Run:
             p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
             offset += p.numel()
 
-    def chunk_record(self, start: int, started: float) -> dict:
-        return {"first_step": start + 1, "last_step": self.step,
-                "seconds": round(time.perf_counter() - started, 3)}
-
     # -- checkpoints and the result --------------------------------------------------------------------
 
     def state(self) -> dict:
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {"format": CHECKPOINT_FORMAT, "fingerprint": self.fingerprint, "step": self.step,
-                "mapping": self.mapping, "student": self.student.state_dict(),
-                "objective": self.objective.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "ema": self.ema.state_dict(), "rng": rng, "rows": self.rows, "pending": self.pending,
-                "chunks": self.chunks}
+        return {"fingerprint": self.fingerprint, "mapping": self.mapping,
+                "student": self.student.state_dict(), "objective": self.objective.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "ema": self.ema.state_dict(),
+                "rng": harness.rng_state(self.device), "rows": self.rows, "pending": self.pending}
 
-    def save(self) -> None:
+    def save(self, running: dict | None = None) -> None:
+        """Rank 0 writes the checkpoint; every rank waits for it."""
         if self.rank == 0:
-            files.write_torch(self.checkpoint, self.state())
+            super().save(running)
         _barrier(self.world)
 
-    def load(self, path: Path) -> None:
-        state = files.read_checkpoint(path, CHECKPOINT_FORMAT, "distillation checkpoint")
-        files.check_same_run(path, "settings, teacher, corpus or processes", state["fingerprint"],
+    def restore(self, state: dict) -> None:
+        files.check_same_run(self.checkpoint, "settings, teacher, corpus or processes", state["fingerprint"],
                              self.fingerprint)
         self.student.load_state_dict(state["student"])
         self.objective.load_state_dict(state["objective"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.ema.load_state_dict(state["ema"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        if "cuda" in state["rng"] and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
-        self.step, self.rows, self.pending = state["step"], state["rows"], state["pending"]
-        self.chunks = state["chunks"]
+        harness.set_rng_state(state["rng"], self.device)
+        self.rows, self.pending = state["rows"], state["pending"]
 
     def write_student(self, path: Path) -> None:
         """The EMA weights and the settings to build the encoder again (`load_student`)."""

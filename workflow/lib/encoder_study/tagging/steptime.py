@@ -136,7 +136,7 @@ def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batc
               weight_decay: float = 0.01, clip: float = 1.0, device: str = "cpu") -> list[dict]:
     """Rows (COLUMNS) for both implementations of one exported model; torch's thread count as set.
 
-    `device`: "cpu" or "cuda" (resolved; `tagging.train.resolve_device` resolves "auto")."""
+    `device`: "cpu" or "cuda" (resolved; `trainable.harness.resolve_device` resolves "auto")."""
     if steps < 1 or warmup < 0 or batch < 1 or length < 1:
         raise StepTimeError("steps, batch and length must be positive and warmup 0 or more")
     model_dir = Path(model_dir)

@@ -45,31 +45,31 @@ Batches (AdamW): each epoch draws a permutation of the train sentences from one 
 Generator and groups sentences in that order until a batch holds `batch_words` words
 (`tagger.word_batches`).
 
-Device: `settings.device` is "cpu" or "cuda" (`resolve_device` turns the command's `auto` into one of
-them). The tagger's weights, the batches (or the cached train vectors), the optimizer's state and the
-weights kept for selection live on it; checkpoints are read onto the CPU and the state copied onto
-the device. A checkpoint records the device it was written on, and one written on another device is
-refused (`files.CheckpointError`): a resumed run ends where an uninterrupted one ends only on the same
-device, so a GPU checkpoint is resumed on a GPU, or deleted to start over on the CPU.
+The harness (`trainable.harness`) runs the loop: device, determinism, precision, chunked checkpoints,
+resuming and progress; this module gives the objective and the data.
+
+Device: `settings.device` is "cpu" or "cuda" (`harness.resolve_device(...).type` turns the command's
+`auto` into one of them). The tagger's weights, the batches (or the cached train vectors), the
+optimizer's state and the weights kept for selection live on it; checkpoints are read onto the CPU and
+the state copied onto the device. A checkpoint records the device it was written on, and one written
+on another device is refused (`files.CheckpointError`): a resumed run ends where an uninterrupted one
+ends only on the same device, so a GPU checkpoint is resumed on a GPU, or deleted to start over on the
+CPU.
 
 Determinism: the head starts from a seeded generator, torch is seeded, the data order comes from the
-Generator, deterministic algorithms are switched on while training (warn-only on the CPU, whose
-kernels have no nondeterministic variants that matter here; strict on CUDA, with
-CUBLAS_WORKSPACE_CONFIG set before CUDA starts, so that an operation without a deterministic kernel
-fails instead of drifting), and the thread count is part of the settings, since reductions may add in
-another order on another count. The learning rate is a pure function of the step (as in nanoGPT), so
-the step is the whole of the scheduler's state. A checkpoint holds the trainable weights, the
-optimizer's state (AdamW's moments, or L-BFGS's correction pairs and last direction), the torch (and
-CUDA), numpy and Python random states, the epoch's batches and the position in them, the step, the
-best weights and the development history; a run resumed from it computes exactly what the
-uninterrupted run computes from that step on. Writing a checkpoint changes nothing of the state, so a
-run that saves every K steps and goes on computes what one that never saves computes; a crash costs at
-most the steps since the last save.
+Generator, training runs under `harness.deterministic`, and the thread count is part of the settings,
+since reductions may add in another order on another count. The learning rate is a pure function of
+the step (as in nanoGPT), so the step is the whole of the scheduler's state. A checkpoint holds the
+trainable weights, the optimizer's state (AdamW's moments, or L-BFGS's correction pairs and last
+direction), the torch (and CUDA), numpy and Python random states, the epoch's batches and the position
+in them, the step, the best weights and the development history; a run resumed from it computes
+exactly what the uninterrupted run computes from that step on. Writing a checkpoint changes nothing of
+the state, so a run that saves every K steps and goes on computes what one that never saves computes; a
+crash costs at most the steps since the last save.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -77,7 +77,6 @@ import math
 import os
 import random
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -87,29 +86,20 @@ import torch.nn.functional as F
 
 from .. import files
 from ..data.conllu import UPOS, Sentence
-from ..errors import UserError
 from ..files import CheckpointError  # what resuming raises; callers import it from here too
-from ..trainable.common import adamw, clip_gradients, determinism
+from ..trainable import harness
+from ..trainable.common import adamw, clip_gradients
+from ..trainable.harness import TrainingError  # what bad settings raise; callers import it from here too
 from .tagger import Tagger, word_batches
 
 CHECKPOINT_FORMAT = "encoder_study.tagging.train/2"
 MODES = ("frozen", "finetuned")
 OPTIMIZERS = ("adamw", "lbfgs")
-DEVICES = ("cpu", "cuda")
-PRECISIONS = ("fp32", "bf16")
 STOPS = ("plateau", "maximum", "max_steps")  # TrainResult.stopped
 LBFGS_HISTORY = 20       # correction pairs L-BFGS keeps (torch's default is 100; 20 is ample for 17 x width)
 LBFGS_LINE_SEARCH = 25   # function evaluations one strong-Wolfe line search may take
-# cuBLAS picks reduction orders by workspace; a fixed one makes its results repeat (the PyTorch notes on
-# reproducibility). ":16:8" is the other documented choice.
-CUBLAS_WORKSPACE = ":4096:8"
-CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 TAG_INDEX = {tag: i for i, tag in enumerate(UPOS)}
 ENCODE_SLICE = 1024  # documents per frozen-encoder call while filling the cache (a progress unit)
-
-
-class TrainingError(UserError, ValueError):
-    """Settings or data training cannot run with (a config value, an empty split)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +130,8 @@ class TrainSettings:
     precision: str
 
     def __post_init__(self):
-        for name, allowed in (("mode", MODES), ("optimizer", OPTIMIZERS), ("device", DEVICES),
-                              ("precision", PRECISIONS)):
+        for name, allowed in (("mode", MODES), ("optimizer", OPTIMIZERS), ("device", harness.DEVICES),
+                              ("precision", harness.PRECISIONS)):
             if getattr(self, name) not in allowed:
                 hint = " (resolve 'auto' with resolve_device first)" if name == "device" else ""
                 raise TrainingError(f"{name} must be one of {list(allowed)}, got "
@@ -188,66 +178,14 @@ class TrainResult:
     resumed_from: int | None   # the step this invocation started from, when it resumed
 
 
-def resolve_device(name: str) -> str:
-    """"cpu" or "cuda" for `--device auto|cpu|cuda`: auto is CUDA when torch sees a GPU.
-
-    Before CUDA starts, CUBLAS_WORKSPACE_CONFIG is set (unless the environment sets a deterministic
-    value already): cuBLAS reads it once, when its first handle is made.
-    """
-    if name not in ("auto", *DEVICES):
-        raise TrainingError(f"device must be auto, cpu or cuda, got {name!r}")
-    if name == "cpu":
-        return "cpu"
-    workspace = os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
-    if not torch.cuda.is_available():
-        if name == "cuda":
-            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (a CPU build)"
-            raise TrainingError(f"--device cuda, but torch {torch.__version__} (built with {build}) sees no "
-                                "GPU: run on a GPU node, install the CUDA build of torch, or use --device "
-                                "auto or cpu")
-        return "cpu"
-    if workspace not in CUBLAS_DETERMINISTIC:
-        raise TrainingError(f"CUBLAS_WORKSPACE_CONFIG is {workspace!r}, which makes cuBLAS "
-                            f"nondeterministic: unset it or set it to {CUBLAS_WORKSPACE}")
-    return "cuda"
-
-
-def describe_device(device: str) -> str:
-    """The torch device a run computes on, for provenance: "cpu", or "cuda:<i>: <GPU name> (compute
-    capability, CUDA version)". (The driver and the machine's GPUs are in every fragment's device facts.)"""
-    if device != "cuda":
-        return "cpu"
-    index = torch.cuda.current_device()
-    major, minor = torch.cuda.get_device_capability(index)
-    return (f"cuda:{index}: {torch.cuda.get_device_name(index)} (compute capability {major}.{minor}, "
-            f"CUDA {torch.version.cuda})")
-
-
-@contextlib.contextmanager
 def settled(settings: TrainSettings):
-    """Deterministic algorithms and the thread count for the block (`determinism`), and on CUDA strict
-    deterministic algorithms (an operation without a deterministic kernel raises) and no cuDNN
-    autotuning; restored after."""
-    with determinism(settings.threads):
-        if settings.device != "cuda":
-            yield
-            return
-        warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-        benchmark = torch.backends.cudnn.benchmark
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-        try:
-            yield
-        finally:
-            torch.use_deterministic_algorithms(True, warn_only=warn_only)
-            torch.backends.cudnn.benchmark = benchmark
+    """`harness.deterministic` for the settings' device and thread count (training and its predictions)."""
+    return harness.deterministic(settings.device, settings.threads)
 
 
 def autocast(settings: TrainSettings):
-    """bfloat16 autocast for precision bf16 (forward passes: training and predictions); else nothing."""
-    if settings.precision == "bf16":
-        return torch.autocast(device_type=settings.device, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """`harness.autocast` for the settings' device and precision (training and its predictions)."""
+    return harness.autocast(settings.device, settings.precision)
 
 
 def data_digest(sentences: Sequence[Sentence]) -> str:
@@ -282,20 +220,25 @@ def train(tagger: Tagger, train_sentences: Sequence[Sentence], dev_sentences: Se
     if chunk_steps and checkpoint is None:
         raise TrainingError("saving every chunk_steps steps needs a checkpoint path")
     with settled(settings):
+        harness.check_precision(settings.precision, settings.device)
         tagger.to(settings.device)  # before the optimizer holds the parameters
         run = _Run(tagger, train_sentences, dev_sentences, settings,
                    None if checkpoint is None else Path(checkpoint))
         return run.go(chunk_steps, progress, desc)
 
 
-class _Run:
-    """The state of one training run: what a checkpoint saves, and the loop that advances it."""
+class _Run(harness.Loop):
+    """The state of one training run: what a checkpoint saves, and the step that advances it."""
+
+    FORMAT = CHECKPOINT_FORMAT
+    WHAT = "tagger training checkpoint"
 
     def __init__(self, tagger: Tagger, train_sentences, dev_sentences, settings: TrainSettings,
                  checkpoint: Path | None):
         if not train_sentences or not dev_sentences:
             raise TrainingError("training needs train and development sentences")
-        self.tagger, self.settings, self.checkpoint = tagger, settings, checkpoint
+        super().__init__(checkpoint, torch.device(settings.device))
+        self.tagger, self.settings = tagger, settings
         self.train_docs = [s.doc() for s in train_sentences]
         self.train_gold = [gold_ids(s) for s in train_sentences]
         self.train_lengths = [len(g) for g in self.train_gold]
@@ -307,7 +250,6 @@ class _Run:
         if tagger.trainable_encoder:
             self.fingerprint["embeddings_frozen"] = bool(tagger.encoder.embeddings_frozen)
 
-        self.device = torch.device(settings.device)
         self.params = [p for p in tagger.parameters() if p.requires_grad]
         self.lbfgs = settings.optimizer == "lbfgs"
         if self.lbfgs:
@@ -324,18 +266,13 @@ class _Run:
         torch.manual_seed(settings.seed)  # nothing draws from it now; anything added later is seeded
         random.seed(settings.seed)
 
-        self.step = 0            # steps taken
         self.epochs_done = 0     # epochs finished
         self.batches: list[list[int]] = []  # the current epoch's batches of sentence indices
         self.position = 0        # batches of the current epoch already taken
         self.best: dict | None = None  # step, dev_upos, state (a copy of the trainable weights)
         self.history: list[dict] = []
         self.loss_sum, self.loss_count = 0.0, 0
-        self.chunks: list[dict] = []
-        self.resumed_from = None
-        if checkpoint is not None and checkpoint.exists():
-            self.load(checkpoint)
-            self.resumed_from = self.step
+        self.resume()
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -362,62 +299,46 @@ class _Run:
             return "plateau"
         return None
 
-    def go(self, chunk_steps: int, progress: bool, desc: str) -> TrainResult:
-        from tqdm import tqdm
+    def finished(self) -> bool:
+        return self.stop_reason() is not None
 
+    def go(self, chunk_steps: int, progress: bool, desc: str) -> TrainResult:
         if not self.tagger.trainable_encoder:
             self.fill_cache(progress, desc)
         if self.lbfgs:
             self.features = self.tagger.word_vectors(self.train_docs)  # from the cache, on the device
             self.targets = torch.from_numpy(np.concatenate(self.train_gold)).to(self.device)
-        start, started = self.step, time.perf_counter()
-        total = self.expected_steps()
-        bar = tqdm(total=total, initial=self.step, desc=desc, unit="step", file=sys.stderr,
-                   disable=not (progress and sys.stderr.isatty()), dynamic_ncols=True)
-        try:
-            while self.stop_reason() is None:
-                if self.lbfgs:
-                    loss = self.lbfgs_step()
-                    self.step += 1
-                    self.epochs_done += 1  # one pass over the whole train split
-                else:
-                    if self.position == len(self.batches):
-                        self.new_epoch()
-                    loss = self.train_step(self.batches[self.position])
-                    self.step += 1
-                    self.position += 1
-                    if self.position == len(self.batches):
-                        self.epochs_done += 1
-                if self.evaluation_due():
-                    self.evaluate()
-                    if progress and bar.disable:
-                        self.report(desc, total, start, started)
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", dev=f"{self.history[-1]['dev_upos']:.2f}"
-                                if self.history else "-", refresh=False)
-                if chunk_steps and self.step % chunk_steps == 0 and self.stop_reason() is None:
-                    # A crash from here on resumes at this step; the record counts this invocation.
-                    self.save(self.checkpoint, running=self.chunk_record(start, started))
-        finally:
-            bar.close()
-        if self.step > start:
-            self.chunks.append(self.chunk_record(start, started))
-        if self.checkpoint is not None and self.step > start:
-            self.save(self.checkpoint)  # the finished state: a crash while writing outputs costs no training
+        self.train(chunk_steps, progress, desc)
         self.tagger.load_trainable_state(self.best["state"])
         return TrainResult(stopped=self.stop_reason(), steps=self.step, epochs=self.epoch_position(),
                            best_step=self.best["step"],
                            best_dev_upos=self.best["dev_upos"], history=list(self.history),
                            chunks=list(self.chunks), resumed_from=self.resumed_from)
 
-    def report(self, desc: str, total: int, start: int, started: float) -> None:
-        """One plain line per development evaluation, for a log file: step, loss, dev score, times."""
+    def train_step(self) -> None:
+        """One step (an L-BFGS iteration, or an AdamW step on the next batch), then the development
+        evaluation when one is due."""
+        if self.lbfgs:
+            self.lbfgs_step()
+            self.step += 1
+            self.epochs_done += 1  # one pass over the whole train split
+        else:
+            if self.position == len(self.batches):
+                self.new_epoch()
+            self.adamw_step(self.batches[self.position])
+            self.step += 1
+            self.position += 1
+            if self.position == len(self.batches):
+                self.epochs_done += 1
+        if self.evaluation_due():
+            self.evaluate()
+
+    def report(self) -> str | None:
+        """The development evaluation this step made, for the progress line; None if it made none."""
+        if not self.history or self.history[-1]["step"] != self.step:
+            return None
         last = self.history[-1]
-        elapsed = time.perf_counter() - started
-        left = elapsed / (self.step - start) * max(total - self.step, 0)
-        print(f"{desc}: step {self.step}/{total}, train loss {last['train_loss']:.4f}, dev UPOS "
-              f"{last['dev_upos']:.2f}, {elapsed:.0f} s elapsed, about {left:.0f} s left", file=sys.stderr,
-              flush=True)
+        return f"train loss {last['train_loss']:.4f}, dev UPOS {last['dev_upos']:.2f}"
 
     def fill_cache(self, progress: bool, desc: str) -> None:
         """Run the frozen encoder over every train and development document once, in fixed slices.
@@ -433,7 +354,7 @@ class _Run:
                           dynamic_ncols=True):
             self.tagger.encoder(docs[start:start + ENCODE_SLICE])
 
-    def expected_steps(self) -> int | None:
+    def total_steps(self) -> int:
         s = self.settings
         if self.lbfgs:
             return min(x for x in (s.max_steps, s.epochs) if x)
@@ -446,8 +367,8 @@ class _Run:
         self.batches = word_batches(self.train_lengths, order, self.settings.batch_words)
         self.position = 0
 
-    def train_step(self, batch: list[int]) -> float:
-        """One AdamW step on one batch; the batch's mean loss."""
+    def adamw_step(self, batch: list[int]) -> None:
+        """One AdamW step on one batch."""
         docs = [self.train_docs[i] for i in batch]
         gold = torch.from_numpy(np.concatenate([self.train_gold[i] for i in batch])).to(self.device)
         for group in self.optimizer.param_groups:
@@ -460,10 +381,8 @@ class _Run:
         if self.settings.clip:
             clip_gradients(self.params, self.settings.clip)
         self.optimizer.step()
-        value = loss.item()
-        self.loss_sum += value
+        self.loss_sum += loss.item()
         self.loss_count += 1
-        return value
 
     def objective(self) -> torch.Tensor:
         """L-BFGS's closure: mean cross-entropy on all train words + weight_decay/2 |head|^2 (weight and
@@ -477,13 +396,11 @@ class _Run:
         loss.backward()
         return loss.detach()  # L-BFGS reads its value only
 
-    def lbfgs_step(self) -> float:
-        """One L-BFGS iteration; the objective where it started."""
+    def lbfgs_step(self) -> None:
+        """One L-BFGS iteration; the loss counted is the objective where it started."""
         self.tagger.train()
-        value = float(self.optimizer.step(self.objective))
-        self.loss_sum += value
+        self.loss_sum += float(self.optimizer.step(self.objective))
         self.loss_count += 1
-        return value
 
     def evaluation_due(self) -> bool:
         if self.limit_reached():
@@ -508,38 +425,23 @@ class _Run:
             return float(self.epochs_done)
         return self.epochs_done + self.position / len(self.batches)
 
-    def chunk_record(self, start: int, started: float) -> dict:
-        return {"first_step": start + 1, "last_step": self.step,
-                "seconds": round(time.perf_counter() - started, 3)}
-
     # -- checkpoints -----------------------------------------------------------------------------------
 
-    def state(self, running: dict | None = None) -> dict:
+    def state(self) -> dict:
         return {
-            "format": CHECKPOINT_FORMAT,
             "settings": dataclasses.asdict(self.settings),
             "fingerprint": self.fingerprint,
-            "step": self.step, "epochs_done": self.epochs_done,
+            "epochs_done": self.epochs_done,
             "batches": self.batches, "position": self.position,
             "model": self.tagger.trainable_state(),
             "optimizer": self.optimizer.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "numpy": self.rng.bit_generator.state,
-                    "python": random.getstate(), **self.cuda_rng()},
+            "rng": {**harness.rng_state(self.device), "numpy": self.rng.bit_generator.state},
             "best": self.best, "history": self.history,
             "loss": [self.loss_sum, self.loss_count],
-            "chunks": self.chunks + ([running] if running else []),
         }
 
-    def cuda_rng(self) -> dict:
-        """The CUDA generator's state on a GPU (nothing draws from it today; anything added later resumes)."""
-        return {"cuda": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {}
-
-    def save(self, path: Path, running: dict | None = None) -> None:
-        """Write the state; `running`: the record of the invocation still training, if it goes on."""
-        files.write_torch(path, self.state(running))
-
-    def load(self, path: Path) -> None:
-        state = files.read_checkpoint(path, CHECKPOINT_FORMAT, "tagger training checkpoint")
+    def restore(self, state: dict) -> None:
+        path = self.checkpoint
         then, now = state["settings"].get("device"), self.settings.device
         if then != now:
             raise CheckpointError(f"{path} was written by a run on {then}, and this run is on {now}: a "
@@ -550,13 +452,9 @@ class _Run:
         files.check_same_run(path, "encoder or data", state["fingerprint"], self.fingerprint)
         self.tagger.load_trainable_state(state["model"])  # copied onto the device
         self.optimizer.load_state_dict(state["optimizer"])  # its tensors cast onto the parameters' device
-        torch.set_rng_state(state["rng"]["torch"])
-        if "cuda" in state["rng"]:
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+        harness.set_rng_state(state["rng"], self.device)
         self.rng.bit_generator.state = state["rng"]["numpy"]
-        random.setstate(state["rng"]["python"])
-        self.step, self.epochs_done = state["step"], state["epochs_done"]
+        self.epochs_done = state["epochs_done"]
         self.batches, self.position = state["batches"], state["position"]
         self.best, self.history = state["best"], state["history"]
         self.loss_sum, self.loss_count = state["loss"]
-        self.chunks = state["chunks"]

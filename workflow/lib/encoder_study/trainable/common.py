@@ -39,15 +39,24 @@ def determinism(threads: int):
         torch.set_num_threads(threads_before)
 
 
-def adamw(params: list[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """The AdamW that fine-tuning steps with (tagging's training, and "ours" in its step time).
+def adamw(params: list[nn.Parameter], lr: float, weight_decay: float, *, matrices_only: bool = False,
+          fused: bool | None = True) -> torch.optim.AdamW:
+    """The AdamW that training steps with (tagging, "ours" in its step time, distillation).
 
-    PyTorch's fused kernel: one pass over each parameter per step, where the default implementation
-    on CPU makes about ten (four times faster for MiniLM). The same update, but computed in another
-    order, so weights drift from the default's in the last bits (up to 4 units in the last place
-    after 5 steps at learning rate 5e-5). Deterministic, and independent of the thread count.
+    `fused` True: PyTorch's fused kernel, one pass over each parameter per step, where the default
+    implementation on CPU makes about ten (four times faster for MiniLM). The same update, but computed
+    in another order, so weights drift from the default's in the last bits (up to 4 units in the last
+    place after 5 steps at learning rate 5e-5). Deterministic, and independent of the thread count.
+    None: PyTorch's default choice (a loop over the parameters on the CPU, its foreach kernels on CUDA),
+    which distillation keeps so that the student keeps its weights to the bit.
+
+    `matrices_only`: weight decay on parameters of two or more dimensions only (linear weights, tables),
+    not on biases and norms (two groups, the matrices first).
     """
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+    if matrices_only:
+        params = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
 
 
 def clip_gradients(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
