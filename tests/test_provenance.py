@@ -37,6 +37,12 @@ def test_fragment_records_files_settings_and_table(tmp_path):
     assert rows[1][3] == files.sha256_file(data) and rows[1][2] == data.stat().st_size
 
 
+def test_fragments_record_the_cores_this_process_may_use(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 5, 7}, raising=False)  # e.g. a Slurm job
+    assert provenance.machine()["cores"] == "3"
+
+
 def test_verify_passes_then_names_a_changed_and_a_missing_file(tmp_path):
     frag, inp, data = _fragment(tmp_path)
     root = tmp_path / "provenance"

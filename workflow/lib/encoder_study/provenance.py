@@ -26,11 +26,12 @@ from pathlib import Path
 
 from . import __version__, files
 from .errors import UserError
+from .machine import cores
 from .tables import markdown_table
 
 LIBRARIES = (
     "torch", "transformers", "tokenizers", "onnx", "onnxruntime", "numpy",
-    "scipy", "pandas", "snakemake", "huggingface-hub", "safetensors", "encoder-study",
+    "scipy", "snakemake", "huggingface-hub", "safetensors", "encoder-study",
 )
 FILES_HEADING = "## Files"
 JOINED_NAME = "PROVENANCE.md"
@@ -75,10 +76,6 @@ def describe_code(state: dict) -> str:
         f"{state['commit']} (dirty: {state['changed_files']} files)"
 
 
-def code_version(root: str | os.PathLike = ".") -> str:
-    return describe_code(code_state(root))
-
-
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -92,7 +89,7 @@ def cpu_model() -> str:
 def machine() -> dict[str, str]:
     return {
         "cpu": cpu_model(),
-        "cores": str(os.cpu_count()),
+        "cores": str(cores()),  # the CPU affinity: what this job's threads are clamped to
         "platform": platform.platform(),
         "python": sys.version.split()[0],
     }
