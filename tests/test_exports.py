@@ -1,14 +1,11 @@
 """The exports table: one row per manifest (models, the student, the retrieval graph), and its rule."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cli_runner
+from conftest import cli_runner, snakemake
 from encoder_study import exports, files, provenance, tables
 
 SHA = {name: f"{i:064x}" for i, name in enumerate(["graph", "data", "tok", "student"], start=1)}
@@ -93,9 +90,7 @@ def test_bad_manifests_are_refused_with_their_name(tmp_path):
 
 
 def _dry_run(target: str) -> str:
-    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
-    result = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--forceall", "--cores", "2", target],
-                            cwd=ROOT, env=env, capture_output=True, text=True)
+    result = snakemake("-n", "--forceall", "--cores", "2", target)
     assert result.returncode == 0, result.stderr
     return result.stdout
 

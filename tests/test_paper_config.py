@@ -14,9 +14,8 @@ import types
 
 import pytest
 import yaml
-from test_workflow import snakemake
 
-from conftest import ROOT
+from conftest import ROOT, snakemake
 from encoder_study import cli
 from encoder_study.student import StudentError, data, distill
 

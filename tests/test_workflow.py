@@ -9,14 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, snakemake
 from encoder_study import deps
-
-
-def snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True)
 
 
 def test_dry_run_of_all():
