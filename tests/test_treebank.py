@@ -378,10 +378,10 @@ def test_treebank_command_writes_files_and_fragment(tmp_path, capsys):
     for split in SPLITS:
         assert (out_dir / f"{split}.conllu").read_text(encoding="utf-8") == expected[split]
     body = frag.read_text(encoding="utf-8")
-    rows = provenance.fragment_files(body)
-    assert [(r[0], r[1]) for r in rows] == [("output", (out_dir / f"{s}.conllu").as_posix())
-                                            for s in SPLITS]
-    assert all(r[3] == files.sha256_file(r[1]) for r in rows)
+    rows = provenance.read_record(provenance.twin(frag))["files"]
+    assert [(r["role"], r["path"]) for r in rows] == [("output", (out_dir / f"{s}.conllu").as_posix())
+                                                      for s in SPLITS]
+    assert all(r["sha256"] == files.sha256_file(r["path"]) for r in rows)
     assert "## Splits" in body and "| train | 60 |" in body and "multiword tokens" in body
     assert "## UPOS" in body and "| PROPN |" in body and "Most-frequent-tag baseline" in body
     assert "| seed | 3 |" in body
@@ -404,8 +404,9 @@ def test_fetch_command_records_or_checks_the_hash(tmp_path, capsys):
     body = frag.read_text(encoding="utf-8")
     assert f"SHA-256 {digest}: recorded on first download, not pinned" in body
     assert "| train | 2 | 17 | 2 | 1 |" in body  # sentences, words, multiword tokens, empty nodes
-    assert [(r[0], r[1]) for r in provenance.fragment_files(body)] == [("input", source.as_posix()),
-                                                                      ("output", out.as_posix())]
+    rows = provenance.read_record(provenance.twin(frag))["files"]
+    assert [(r["role"], r["path"]) for r in rows] == [("input", source.as_posix()),
+                                                      ("output", out.as_posix())]
     assert fetch(digest) == 0 and f"SHA-256 {digest} (pinned and checked)" in frag.read_text(encoding="utf-8")
     frag.unlink()
     with pytest.raises(files.IntegrityError, match="does not match"):  # cli: one line, exit status 2

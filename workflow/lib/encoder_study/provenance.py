@@ -334,21 +334,6 @@ def twin(fragment: str | os.PathLike) -> Path:
     return fragment.with_suffix(".md" if fragment.suffix == ".json" else ".json")
 
 
-_ROW = re.compile(r"^\|\s*(input|output)\s*\|\s*(.+?)\s*\|\s*(\d+)\s*\|\s*([0-9a-f]{64})\s*\|$")
-
-
-def fragment_files(text: str) -> list[tuple[str, str, int, str]]:
-    """(role, path, bytes, sha256) of every row of a fragment's Files table."""
-    rows, inside = [], False
-    for line in text.splitlines():
-        if line.startswith("## "):
-            inside = line.strip() == FILES_HEADING
-            continue
-        if inside and (m := _ROW.match(line.strip())):
-            rows.append((m[1], m[2].replace("\\|", "|"), int(m[3]), m[4]))
-    return rows
-
-
 def fragments_under(root: str | os.PathLike) -> list[Path]:
     """The Markdown fragments under `root` (every .md but the joined PROVENANCE.md files)."""
     return sorted(p for p in Path(root).rglob("*.md") if p.name != JOINED_NAME)
