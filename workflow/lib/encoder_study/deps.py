@@ -8,7 +8,7 @@ body, and the module-level functions and classes it names, transitively), so tha
 does not depend on what `tagging step-time` imports. Standard library only: the Snakefile imports
 this at parse time.
 
-Parsing the package is most of the walk's time (about 0.4 s of every `snakemake` command), so with
+Parsing the package is most of the walk's time, paid by every `snakemake` command, so with
 `cache` (the Snakefile gives .snakemake/encoder-study/deps.json) each file's imports and names are
 kept under the SHA-256 of its bytes: a file whose bytes changed is parsed again, whatever its size
 or time stamps; the cache is disposable, and one that cannot be read or written is ignored.

@@ -155,8 +155,8 @@ class FrozenEncoder:
         jobs.sort(key=lambda job: -len(prepared[job[0]].inputs[job[1]]))  # stable: ties keep call order
         batches = [jobs[b:b + self.batch_size] for b in range(0, len(jobs), self.batch_size)]
         # Runs go back to back, RUNS_AT_ONCE batches before any output is read: our work between runs
-        # let ONNX Runtime's threads spin down and pay to wake up (MiniLM, 64 sentences, 2 threads: the
-        # encoder's time over a bare session's fell from +7.5-9.0% to +4.8-5.7%); the cap bounds memory.
+        # let ONNX Runtime's threads spin down and pay to wake up (the overhead over a bare session
+        # fell by about a third; measured: CHANGELOG.md); the cap bounds memory.
         for g in range(0, len(batches), RUNS_AT_ONCE):
             group = batches[g:g + RUNS_AT_ONCE]
             outs = [self._forward([prepared[d].inputs[k] for d, k in batch]) for batch in group]

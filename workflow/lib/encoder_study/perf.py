@@ -99,7 +99,7 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
     `block_seconds` > 0: each turn is a block of calls of at least that many seconds, after one untimed
     call. For runtimes with thread pools of their own (ONNX Runtime's spin after a run, PyTorch's OpenMP
     threads): a call right after the other runtime's shares the cores with its still-spinning threads
-    (measured on MiniLM at batch 1: PyTorch 38 ms instead of 12), which says nothing about either.
+    and can take several times as long (measured: CHANGELOG.md), which says nothing about either.
     """
     if min_seconds < 0 or min_repeats < 1 or warmup < 0 or block_seconds < 0:
         raise ValueError("min_seconds, warmup and block_seconds must be 0 or more, min_repeats at least 1")

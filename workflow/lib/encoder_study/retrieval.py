@@ -21,7 +21,8 @@ running anything.
 Memory. BGE-M3 reads 8,192 pieces, and the check runs a text that long. Eager attention holds a
 [batch, heads, sequence, sequence] score tensor, 4 GiB at 16 x 8192 x 8192 in float32, and ONNX Runtime
 two of them at once (the scores and the softmax); with the model in both PyTorch and ONNX Runtime that
-took the export of a model of BGE-M3's shape (2.27 GB) to 21.7 GB. So:
+took the export of a model of BGE-M3's shape to about ten times the model's size (measured:
+CHANGELOG.md). So:
 - the graph computes attention one head at a time (the same arithmetic as transformers' eager attention,
   head by head): a consumer's peak at 8,192 pieces is one head's scores, 256 MiB, not 16 heads', and
   short inputs run as fast;

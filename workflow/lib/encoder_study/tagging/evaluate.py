@@ -10,19 +10,17 @@ batches of `BATCH` resamples so memory stays O(BATCH x sentences), and a `numpy.
 seeded from `seed` (`rng=`; scipy 1.17 takes `rng`, `random_state` is the legacy name). The batch
 size does not change the numbers: the resamples are drawn from the generator in the same order.
 
-Interval method: percentile by default, BCa on request (`method="bca"`). Measured on 2,000 synthetic
-sentences (EWT-like lengths, 97% accuracy), 10,000 resamples, best of 5 on a shared 2-core machine:
-percentile 0.32 s, BCa 0.41 s; peak traced memory 23 MiB and 32 MiB with `BATCH` = 500 (458 MiB
-for either unbatched). BCa's jackknife is n evaluations over n - 1 sentences: O(n^2) time, and
-O(n^2) memory unless batched (2,000 x 1,999 values per array here, 1.2 GB per array for a
-12,544-sentence set, where BCa took 7.3 s against 2.6 s). BCa moved the ends by 0.007 points of a
-0.40-point-wide interval, less than one unit of the two decimals the tables print.
-Percentile is kept because (1) at these sizes the bootstrap distribution of a ratio of sums is close
-to normal, so BCa's corrections are negligible; (2) it gives the exact degenerate answers, [100, 100]
-for a tagger that is always right and [0, 0] for a system compared with itself, where BCa's
-acceleration is 0/0 and scipy returns NaN (`method="bca"` falls back to the percentile interval when
-every resample gives the same value); (3) it depends only on the bootstrap distribution and fixed
-quantile levels, so equal inputs give equal bytes in the tables with the pinned numpy and scipy.
+Interval method: percentile by default, BCa on request (`method="bca"`). BCa's jackknife is n
+evaluations over n - 1 sentences: O(n^2) time, and O(n^2) memory unless batched (n x (n - 1) values
+per array); batching keeps either method's memory small. On the treebank's sizes BCa costs more time
+and moves the interval's ends by less than one unit of the two decimals the tables print (measured:
+CHANGELOG.md). Percentile is kept because (1) at these sizes the bootstrap distribution of a ratio of
+sums is close to normal, so BCa's corrections are negligible; (2) it gives the exact degenerate
+answers, [100, 100] for a tagger that is always right and [0, 0] for a system compared with itself,
+where BCa's acceleration is 0/0 and scipy returns NaN (`method="bca"` falls back to the percentile
+interval when every resample gives the same value); (3) it depends only on the bootstrap
+distribution and fixed quantile levels, so equal inputs give equal bytes in the tables with the
+pinned numpy and scipy.
 
 Tables (`scores.csv`, `comparisons.csv`) write floats with Python's shortest round-trip repr and sort
 rows by their key columns, so equal results give equal bytes; each has a Markdown rendering beside it.

@@ -44,9 +44,9 @@ def adamw(params: list[nn.Parameter], lr: float, weight_decay: float, *, matrice
     """The AdamW that training steps with (tagging, "ours" in its step time, distillation).
 
     `fused` True: PyTorch's fused kernel, one pass over each parameter per step, where the default
-    implementation on CPU makes about ten (four times faster for MiniLM). The same update, but computed
-    in another order, so weights drift from the default's in the last bits (up to 4 units in the last
-    place after 5 steps at learning rate 5e-5). Deterministic, and independent of the thread count.
+    implementation on CPU makes about ten (several times faster; measured: CHANGELOG.md). The same
+    update, but computed in another order, so weights drift from the default's in the last bits.
+    Deterministic, and independent of the thread count.
     None: PyTorch's default choice (a loop over the parameters on the CPU, its foreach kernels on CUDA),
     which distillation keeps so that the student keeps its weights to the bit.
 
