@@ -55,7 +55,7 @@ from .. import files, manifest
 from ..errors import UserError
 from ..frozen import FrozenEncoder
 from ..trainable.words import TrainableEncoder
-from .tagger import KINDS, MODEL_FILES, Tagger
+from .tagger import KINDS, Tagger
 
 FORMAT = "encoder_study.tagging.pipeline/1"  # weights inline, or the export's own graph
 GRAPH_FORMAT = "encoder_study.tagging.pipeline/2"  # the encoder is a written graph beside the file
@@ -252,7 +252,7 @@ def check_graph(path: Path, settings: dict) -> Path:
 
 def check_files(path: Path, model_dir: Path, expected: dict[str, str]) -> None:
     """Hash each referenced file; files.IntegrityError names a changed one and both SHA-256."""
-    for name in MODEL_FILES:
+    for name in manifest.MODEL_FILES:
         if name not in expected:
             raise PipelineError(f"{path}: does not reference {name}; it was written by other code")
         files.check_file(model_dir / name, expected[name], what=f"encoder file (referenced by {path})")

@@ -25,7 +25,6 @@ from ..tokens import Doc
 from ..trainable.words import TrainableEncoder
 
 KINDS = ("transformer", "transformer-trainable")
-MODEL_FILES = manifest.MODEL_FILES
 EVAL_BATCH_WORDS = 2000
 
 
@@ -91,7 +90,7 @@ class Tagger(nn.Module):
     def encoder_files(self) -> dict[str, str]:
         """SHA-256 of the model files the word vectors depend on (checked against export.json on load)."""
         listed = {e["path"]: e["sha256"] for e in self.encoder.manifest.get("files", [])}
-        return {name: listed[name] for name in MODEL_FILES}
+        return {name: listed[name] for name in manifest.MODEL_FILES}
 
     def encoder_settings(self) -> dict:
         """The encoder's own settings for provenance (JSON-ready)."""
