@@ -34,9 +34,13 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/benchmarks.smk"
 
 
-# A per-rule key naming no rule would be ignored without a word (a typo, or a rule renamed since).
+# A per-rule key naming no rule that reads it would be ignored without a word (a typo, a rule renamed
+# since, or a rule that runs on the submitting host with fixed threads): common.smk's CONFIGURED.
 for _section in ("threads", "resources"):
-    for _key in sorted(set(config[_section]) - {"default"} - {r.name for r in workflow.rules}):
+    for _key in sorted(set(config[_section]) - {"default"} - CONFIGURED[_section]):
+        if _key in {r.name for r in workflow.rules}:
+            raise WorkflowError(f"config: {_section}.{_key}: rule {_key} takes no {_section} from the "
+                                f"config; those that do: {', '.join(sorted(CONFIGURED[_section]))}")
         raise WorkflowError(f"config: {_section}.{_key} names no rule of the workflow; rules are named "
                             "<recipe>_<step> (see the README's recipe table)")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -91,6 +92,19 @@ def cli_runner(command: str) -> Callable[..., int]:
             patch.setenv("PYTHONHASHSEED", "0")
             return cli.main([command, *argv])
     return run
+
+
+def copy_workflow(target: Path, *extra: str) -> Path:
+    """A copy of the workflow in `target` (its code, configs and profiles, no results), for a run that
+    must leave the repository alone; `extra`: more paths of the repository to copy."""
+    target.mkdir(parents=True, exist_ok=True)
+    for part in ("Snakefile", "config", "workflow", "profiles", "envs", "CITATION.cff", "LICENSE", *extra):
+        source = ROOT / part
+        if source.is_dir():
+            shutil.copytree(source, target / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, target / part)
+    return target
 
 
 def snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -2,14 +2,13 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, snakemake
+from conftest import ROOT, copy_workflow, snakemake
 from encoder_study import deps
 
 
@@ -124,50 +123,6 @@ def test_readme_recipes_are_rule_files_commands_and_targets():
     assert result.returncode == 0, result.stderr
 
 
-def test_slurm_profile_settings_in_a_dry_run_of_the_full_study():
-    result = snakemake("--profile", "profiles/slurm", "-n", "all", "--configfile", "config/paper.yaml")
-    assert result.returncode == 0, result.stderr
-    jobs = {}
-    for block in result.stdout.split("\n\n"):
-        head = next((line for line in block.splitlines() if line.startswith(("rule ", "localrule "))), None)
-        if head:
-            kind, name = head.rstrip(":").split()
-            resources = next((line.split(": ", 1)[1] for line in block.splitlines()
-                              if line.strip().startswith("resources:")), "")
-            jobs.setdefault(name, []).append((kind, resources))
-    # Downloads, joins, tables and checks run on the submitting host. A dry run does not print which
-    # jobs are local, so read the Snakefile's localrules and check each names a rule of the workflow.
-    snakefile = (ROOT / "Snakefile").read_text()
-    block = snakefile.split("localrules:\n", 1)[1].split("\n\n", 1)[0]
-    local = {name.rstrip(",") for name in block.split()}
-    listed = snakemake("--list-rules", "--configfile", "config/paper.yaml").stdout.split()
-    assert local - {"tagging_treebank", "tagging_fetch"} <= set(listed), local - set(listed)
-    local |= {"tagging_fetch"} if "localrules:\n        tagging_fetch," in (
-        ROOT / "workflow/rules/tagging.smk").read_text() else set()
-    for name in ("export_acquire", "parity_fetch", "tagging_fetch", "tagging_tables", "provenance_join",
-                 "parity_table_latency", "retrieval_verify", "verify"):
-        assert name in local, name
-    for name in ("tagging_train", "student_distill", "export_model", "parity_latency"):
-        assert name not in local, name
-    # Memory and runtime from the config's resources, partitions from the profile, GPUs where used.
-    for _, train in jobs["tagging_train"]:
-        assert "mem_mb=32000" in train and "runtime=720" in train, train
-        assert "gpu=1" in train and "slurm_partition=gpu" in train, train
-    (_, export), *_ = jobs["export_model"]
-    assert "mem_mb=24000" in export and "slurm_partition=cpu" in export and "gpu" not in export
-    for name, runs in jobs.items():
-        for kind, resources in runs:
-            if kind == "rule" and name not in ("tagging_train", "student_distill"):
-                assert "gpu=" not in resources, (name, resources)
-    # The workflow profile (read too, and winning) sets none of the keys the cluster profile sets.
-    import yaml
-
-    local = yaml.safe_load((ROOT / "profiles/default/config.yaml").read_text())
-    cluster = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())
-    assert not set(local) & set(cluster), set(local) & set(cluster)
-    assert cluster["latency-wait"] == 60 and set(cluster["default-resources"]) == {"slurm_partition"}
-
-
 def test_the_real_data_config_resolves_with_local_copies(tmp_path):
     """config/ewt-minilm.yaml as an offline user runs it: local treebank files with their SHA-256."""
     import hashlib
@@ -200,13 +155,7 @@ def test_the_real_data_config_resolves_with_local_copies(tmp_path):
 @pytest.fixture(scope="module")
 def small_workflow(tmp_path_factory) -> Path:
     """A copy of the workflow whose config names one tiny model, run once to completion."""
-    copy = tmp_path_factory.mktemp("workflow")
-    for part in ("Snakefile", "config", "workflow", "profiles", "envs", "CITATION.cff", "LICENSE"):
-        source = ROOT / part
-        if source.is_dir():
-            shutil.copytree(source, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, copy / part)
+    copy = copy_workflow(tmp_path_factory.mktemp("workflow"))
     (copy / "config" / "config.yaml").write_text(
         "models:\n  - {name: bert-tiny, source: tiny, architecture: config/models/bert-tiny.json, seed: 0}\n"
         "texts: {tatoeba: config/texts/tatoeba_sample.tsv, udhr: config/texts/udhr_sample,"

@@ -24,8 +24,9 @@ rule benchmarks_encoders:
         docs=BENCHMARKS["docs"],
         seed=BENCHMARKS["seed"],
         min_seconds=config["timing"]["min_seconds"],
-    # Timed: takes every slot the workflow has, so that no other job runs beside it.
-    threads: CORES
+    # Timed: locally every slot the workflow has, so that no other job runs beside it; on a cluster
+    # the config's threads and a node of its own (common.smk, timed_threads).
+    threads: timed_threads("benchmarks_encoders", BENCHMARKS["threads"])
     log:
         "logs/benchmarks/benchmarks_encoders.log",
     resources: **resources_of("benchmarks_encoders")

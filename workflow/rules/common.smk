@@ -38,7 +38,8 @@ CORES = _workflow_cores()
 # several times slower. So locally the scheduler's core budget is the machine's; Snakemake then also
 # caps each job's {threads} to it. Neither is a rerun trigger, so a finished run stays finished on a
 # machine with other cores (the threads a job *asks* for, from the config, are what it records).
-if workflow.local_exec and CORES > MACHINE_CORES:
+# A cluster run (--jobs, which a local run turns into --cores) keeps its budget: the jobs run elsewhere.
+if workflow.local_exec and workflow.nodes is None and CORES > MACHINE_CORES:
     workflow.global_resources["_cores"] = MACHINE_CORES
 
 # recipe -> fragments in the order the workflow makes them; each rule file appends its own.
@@ -75,12 +76,41 @@ def crate_fragments(wildcards):
                    for f in fragments} | {rules.export_table.output.prov})
 
 
+# section -> the rules whose `threads:` (threads_for, timed_threads) or `resources:` (resources_of) the
+# config sets: the Snakefile refuses a `threads.<rule>` or `resources.<rule>` naming any other rule,
+# which would be ignored without a word.
+CONFIGURED = {"threads": set(), "resources": set()}
+
+
 def threads_for(rule):
     """Threads a job of `rule` asks for (`threads:`): the config's `threads.<rule>` or `threads.default`.
 
     Host facts stay out of it: Snakemake caps it by the cores it may use when the job runs.
     """
+    CONFIGURED["threads"].add(rule)
     return int(config["threads"].get(rule, config["threads"]["default"]))
+
+
+def on_cluster():
+    """Whether jobs run on a cluster. This file is read before Snakemake picks its executor, so ask when
+    jobs are made: the executor says, except in a dry run (whose executor is always local), where
+    --jobs does (a cluster run needs it; a local run turns it into --cores)."""
+    settings = workflow.executor_plugin.common_settings if workflow.executor_plugin else None
+    if settings is not None and not settings.dryrun_exec:
+        return not settings.local_exec
+    return workflow.nodes is not None
+
+
+def timed_threads(rule, timed):
+    """`threads:` of a rule that times something at up to `timed` threads (its config value).
+
+    Locally it takes every core the workflow has, so that no other job runs beside it. On a cluster the
+    submitting host's cores say nothing about a node's: the job asks for `threads.<rule>` or else
+    `timed`, and the cluster profile gives it a node of its own (slurm_extra --exclusive).
+    """
+    CONFIGURED["threads"].add(rule)
+    asked = int(config["threads"].get(rule, timed))
+    return lambda wildcards: asked if on_cluster() else CORES
 
 
 def resources_for(rule, key):
@@ -90,7 +120,9 @@ def resources_for(rule, key):
 
 def resources_of(rule):
     """A rule's `resources:` (memory, runtime and GPUs): the config's `resources`, the one place they
-    are set; a cluster profile adds partitions only. `gpu` only where the config gives it."""
+    are set; the cluster profile picks a partition by whether the job asks for a GPU. `gpu` only where
+    the config gives it. Each rule that runs as a cluster job takes its `resources` from here."""
+    CONFIGURED["resources"].add(rule)
     found = {key: resources_for(rule, key) for key in ("mem_mb", "runtime")}
     gpus = resources_for(rule, "gpu")
     return {**found, "gpu": gpus} if gpus else found

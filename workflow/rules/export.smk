@@ -18,9 +18,7 @@ rule export_acquire:
         "logs/export/export_acquire-{model}.log",
     benchmark:
         "results/benchmarks/export_acquire/{model}.tsv"
-    resources:
-        mem_mb=resources_for("export_acquire", "mem_mb"),
-        runtime=resources_for("export_acquire", "runtime"),
+    resources: **resources_of("export_acquire")
     conda:
         CONDA_ENV
     shell:
@@ -48,9 +46,7 @@ rule export_model:
         "logs/export/export_model-{model}.log",
     benchmark:
         "results/benchmarks/export_model/{model}.tsv"
-    resources:
-        mem_mb=resources_for("export_model", "mem_mb"),
-        runtime=resources_for("export_model", "runtime"),
+    resources: **resources_of("export_model")
     conda:
         CONDA_ENV
     shell:

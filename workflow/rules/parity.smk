@@ -131,8 +131,9 @@ rule parity_latency:
         warmup=config["parity"]["latency_warmup"],
         runs=config["parity"]["latency_runs"],
         min_seconds=config["timing"]["min_seconds"],
-    # Timed: takes every slot the workflow has, so that no other job runs beside it.
-    threads: CORES
+    # Timed: locally every slot the workflow has, so that no other job runs beside it; on a cluster
+    # the config's threads and a node of its own (common.smk, timed_threads).
+    threads: timed_threads("parity_latency", config["parity"]["latency_threads"])
     log:
         "logs/parity/parity_latency-{model}.log",
     benchmark:

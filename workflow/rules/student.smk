@@ -35,10 +35,7 @@ rule student_distill:
         "logs/student/student_distill.log",
     benchmark:
         "results/benchmarks/student_distill.tsv"
-    resources:
-        mem_mb=resources_for("student_distill", "mem_mb"),
-        runtime=resources_for("student_distill", "runtime"),
-        gpu=resources_for("student_distill", "gpu"),
+    resources: **resources_of("student_distill")
     conda:
         CONDA_ENV
     shell:
@@ -72,6 +69,7 @@ rule student_export:
         "logs/student/student_export.log",
     benchmark:
         "results/benchmarks/student_export.tsv"
+    resources: **resources_of("student_export")
     conda:
         CONDA_ENV
     shell:
@@ -100,6 +98,7 @@ rule student_parity:
         "logs/student/student_parity.log",
     benchmark:
         "results/benchmarks/student_parity.tsv"
+    resources: **resources_of("student_parity")
     conda:
         CONDA_ENV
     shell:

@@ -20,6 +20,7 @@ if config["treebank"]["source"] == "synthetic":
             sizes=config["treebank"]["sizes"],
         log:
             "logs/tagging/tagging_treebank.log",
+        resources: **resources_of("tagging_treebank")
         conda:
             CONDA_ENV
         shell:
@@ -87,6 +88,7 @@ if EXTRA_SYNTHETIC:
             sentences=lambda wc: EXTRA_TESTS[wc.extra]["sentences"],
         log:
             "logs/tagging/tagging_ood-{extra}.log",
+        resources: **resources_of("tagging_ood")
         conda:
             CONDA_ENV
         shell:
@@ -145,10 +147,7 @@ rule tagging_train:
         "logs/tagging/tagging_train-{run}.log",
     benchmark:
         "results/benchmarks/tagging_train/{run}.tsv"
-    resources:
-        mem_mb=resources_for("tagging_train", "mem_mb"),
-        runtime=resources_for("tagging_train", "runtime"),
-        gpu=resources_for("tagging_train", "gpu"),
+    resources: **resources_of("tagging_train")
     conda:
         CONDA_ENV
     shell:
@@ -179,6 +178,7 @@ rule tagging_baseline:
         seed=config["tagging"]["seed"],
     log:
         "logs/tagging/tagging_baseline.log",
+    resources: **resources_of("tagging_baseline")
     conda:
         CONDA_ENV
     shell:
@@ -280,8 +280,9 @@ rule tagging_step_time:
         seed=config["tagging"]["seed"],
         device=config["tagging"]["device"],
         threads=threads_for("tagging_step_time"),
-    # Timed: takes every slot the workflow has, so that no other job runs beside it.
-    threads: CORES
+    # Timed: locally every slot the workflow has, so that no other job runs beside it; on a cluster
+    # the config's threads and a node of its own (common.smk, timed_threads).
+    threads: timed_threads("tagging_step_time", threads_for("tagging_step_time"))
     log:
         "logs/tagging/tagging_step_time.log",
     benchmark:

@@ -126,8 +126,9 @@ rule writeback_speed:
         warmup=WRITEBACK["speed_warmup"],
         repeats=WRITEBACK["speed_repeats"],
         min_seconds=config["timing"]["min_seconds"],
-    # Timed: takes every slot the workflow has, so that no other job runs beside it.
-    threads: CORES
+    # Timed: locally every slot the workflow has, so that no other job runs beside it; on a cluster
+    # the config's threads and a node of its own (common.smk, timed_threads).
+    threads: timed_threads("writeback_speed", WRITEBACK["threads"])
     log:
         "logs/writeback/writeback_speed.log",
     benchmark:
