@@ -24,7 +24,7 @@ size), which would need the loss scaled by the world size to undo, and buckets g
 of its own. Every rank then clips and steps on the identical sum, so the weights stay identical
 without broadcasts. Against one process over the whole batch, only float addition order differs
 (each rank's matrix products sum over its own tokens, then the ranks' sums are added), so the weights
-agree to rounding (tests/test_distill.py measures it). Only rank 0 writes checkpoints and outputs.
+agree to rounding (tests/test_student_distill.py measures it). Only rank 0 writes checkpoints and outputs.
 Backend: NCCL on CUDA, gloo on CPU.
 
 The harness (`trainable.harness`) runs the loop: device, determinism, precision, chunked checkpoints,
