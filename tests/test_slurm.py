@@ -1,0 +1,120 @@
+"""profiles/slurm on a real Slurm: a single-node cluster (tests/slurm/cluster.py) runs a small config,
+whose results must equal a local run's byte for byte, timing tables aside.
+
+Runs where slurm-wlm, slurmdbd, mariadb-server and munge are installed and the test runs as root;
+skipped elsewhere, and skipped too when the daemons do not come up. A few minutes on 2 cores.
+"""
+
+import filecmp
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import copy_workflow, snakemake
+
+sys.path.insert(0, str(Path(__file__).parent / "slurm"))
+import cluster  # noqa: E402
+
+pytestmark = pytest.mark.slurm
+
+TARGETS = ("export", "parity", "results/tagging/baseline/scores.csv")
+# One tiny model; the export and parity recipes and the tagging baseline, whose treebank, out-of-domain
+# set and baseline rules once took no resources from the config. Distinctive resources, one rule's own.
+# latency_threads 1 on a node of 2 or more CPUs: the node's other CPUs in the job say --exclusive worked.
+CONFIG = """\
+models:
+  - {name: bert-tiny, source: tiny, architecture: config/models/bert-tiny.json, seed: 0}
+texts: {tatoeba: config/texts/tatoeba_sample.tsv, udhr: config/texts/udhr_sample, tatoeba_count: 12,
+        udhr_count: 4}
+parity: {latency_runs: 2, latency_warmup: 1, latency_threads: 1, latency_batches: [1]}
+timing: {min_seconds: 0.1}
+treebank: {sizes: {train: 60, dev: 20, test: 20}}
+tagging:
+  runs: [{name: tiny-frozen, model: bert-tiny, mode: frozen, epochs: 1}]
+  comparisons: [[tiny-frozen, baseline]]
+  resamples: 200
+  step_time: {models: [bert-tiny]}
+student: {teacher: bert-tiny}
+resources:
+  default: {mem_mb: 1234, runtime: 56}
+  tagging_treebank: {mem_mb: 1300, runtime: 57}
+"""
+# The jobs that go through sbatch (every other one is a local rule) and what each asks for.
+SUBMITTED = {"export_model": ("1234M", "00:56:00"), "parity_inference": ("1234M", "00:56:00"),
+             "parity_trainable": ("1234M", "00:56:00"), "parity_latency": ("1234M", "00:56:00"),
+             "tagging_treebank": ("1300M", "00:57:00"), "tagging_ood": ("1234M", "00:56:00"),
+             "tagging_baseline": ("1234M", "00:56:00")}
+# Timing tables (and Snakemake's benchmark files) differ from run to run; everything else may not.
+TIMING = ("results/parity/latency", "results/benchmarks/")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    why = cluster.unavailable()
+    if why:
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("slurm")
+    try:
+        env = cluster.start(root)
+    except cluster.ClusterError as error:
+        pytest.skip(f"the single-node cluster did not start: {error}")
+    try:
+        yield env
+    finally:
+        cluster.stop(root)
+
+
+def _workflow_copy(path: Path) -> Path:
+    copy_workflow(path)
+    (path / "config" / "config.yaml").write_text(CONFIG)
+    return path
+
+
+def _results(copy: Path) -> set[str]:
+    return {p.relative_to(copy).as_posix() for p in (copy / "results").rglob("*") if p.is_file()}
+
+
+def _jobs(env: dict) -> list[dict]:
+    """Every job the cluster ran (it is new: all of them are this run's), as sacct gives them."""
+    fields = ["JobID", "Comment", "Partition", "ReqMem", "Timelimit", "AllocCPUS", "State"]
+    out = subprocess.run(["sacct", "-X", "--parsable2", "--noheader", "--allusers", "--format",
+                          ",".join(fields)], capture_output=True, text=True, env=env, check=True).stdout
+    return [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines()]
+
+
+def test_the_slurm_profile_gives_a_local_runs_results(slurm, tmp_path):
+    local, remote = _workflow_copy(tmp_path / "local"), _workflow_copy(tmp_path / "slurm")
+    started = time.monotonic()
+    ran = snakemake("--cores", "2", *TARGETS, cwd=local)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    took = {"local": time.monotonic() - started}
+    with pytest.MonkeyPatch.context() as patch:  # the cluster's config and srun (tests/slurm/cluster.py)
+        for name in ("SLURM_CONF", "PATH"):
+            patch.setenv(name, slurm[name])
+        # Status checks from 5 s after a submission (the plugin's default, 40 s, only slows the test).
+        ran = snakemake("--profile", "profiles/slurm", *TARGETS, "--slurm-init-seconds-before-status-checks",
+                        "5", cwd=remote)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    took["slurm"] = time.monotonic() - took["local"] - started
+
+    jobs = _jobs(slurm)
+    rules = [job["Comment"].removeprefix("rule_").split("_wildcards_")[0] for job in jobs]
+    assert sorted(rules) == sorted(SUBMITTED), rules
+    node_cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True,
+                                   env=slurm, check=True).stdout.split()[0])
+    for job, rule in zip(jobs, rules, strict=True):
+        assert job["State"] == "COMPLETED" and job["Partition"] == "cpu", job
+        assert (job["ReqMem"], job["Timelimit"]) == SUBMITTED[rule], job
+        assert int(job["AllocCPUS"]) == (node_cpus if rule == "parity_latency" else 1), job
+
+    compared = sorted(f for f in _results(local) if not f.startswith(TIMING))
+    assert _results(remote) == _results(local)
+    assert len(compared) > 10 and "results/models/bert-tiny/model.onnx" in compared
+    different = [f for f in compared if not filecmp.cmp(local / f, remote / f, shallow=False)]
+    assert different == [], different
+    print(f"local run {took['local']:.0f} s, slurm run {took['slurm']:.0f} s; {len(jobs)} jobs through "
+          f"sbatch ({', '.join(rules)}); {len(compared)} files byte-equal, "
+          f"{len(_results(local)) - len(compared)} timing files not compared")
