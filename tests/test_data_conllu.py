@@ -361,7 +361,6 @@ def test_fetch_refuses_bad_files_pins_and_sources(tmp_path):
         treebank.fetch(bad.as_uri(), out, "abc")
     with pytest.raises(treebank.TreebankError, match="no such file"):
         treebank.fetch((tmp_path / "missing.conllu").as_uri(), out)
-    assert treebank.EWT_URL.format(split="test").endswith("/r2.18/en_ewt-ud-test.conllu")
 
 
 # --- the command --------------------------------------------------------------------------------------

@@ -69,10 +69,7 @@ from .. import files
 from ..errors import UserError
 from ..tables import markdown_table
 
-TATOEBA_URL = "https://downloads.tatoeba.org/exports/sentences.tar.bz2"
-UDHR_URL = "https://unicode.org/udhr/assemblies/udhr_xml.zip"
 UDHR_NS = "http://www.unhchr.ch/udhr"
-XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
 SOURCES = ("tatoeba", "udhr")
 
 # ISO 639-3 code -> (English name, main ISO 15924 script). Languages that Tatoeba writes in several

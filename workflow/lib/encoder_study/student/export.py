@@ -38,6 +38,7 @@ from .. import files, machine, manifest, provenance
 from ..onnx import checked_export
 from ..trainable.postnorm import PostNormEncoder, student_names
 from . import StudentError
+from .architecture import parameter_count
 
 MODEL_TYPE = "encoder_study_student"
 SOURCE = "student"
@@ -272,7 +273,7 @@ def export_student(encoder: PostNormEncoder, teacher_dir: str | os.PathLike, out
 def _record(encoder: PostNormEncoder, name: str, teacher: dict, distillation: dict, opset: int,
             check: dict) -> dict:
     """The student's export.json, less its file list."""
-    s = encoder.settings
+    s, counts = encoder.settings, parameter_count(encoder)
     return {
         "model": name,
         "source": SOURCE,
@@ -286,8 +287,7 @@ def _record(encoder: PostNormEncoder, name: str, teacher: dict, distillation: di
             "model_type": MODEL_TYPE, "width": s.width, "layers": s.layers, "heads": s.heads,
             "intermediate": s.intermediate, "embedding_width": s.embedding_width,
             "max_positions": s.max_positions, "eps": s.eps, "vocab_size": s.vocab_size,
-            "parameters": sum(p.numel() for p in encoder.parameters()),
-            "vocabulary_parameters": encoder.tokens.weight.numel(),
+            "parameters": counts["total"], "vocabulary_parameters": counts["vocabulary"],
         },
         "check": check,
     }
