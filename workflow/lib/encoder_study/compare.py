@@ -112,7 +112,8 @@ class Accumulator:
 def trainable_parity(pair: Pair, texts: list[str], threads: int, batch: int = 8,
                      comparisons: tuple[str, ...] = COMPARISONS) -> list[dict]:
     """The trainable modules against PyTorch and the graph runtime, one text per run, every token;
-    and whether padded batches of `batch` give exactly (bitwise) the rows of the texts run alone.
+    and whether padded batches of `batch` give exactly (bitwise) the rows of the texts run alone
+    (`batch_equal`; `batch_max_abs`, not a table column: by how much they differ at most).
     `comparisons`: which of COMPARISONS to report, in that order."""
     from . import trainable
 
@@ -133,12 +134,14 @@ def trainable_parity(pair: Pair, texts: list[str], threads: int, batch: int = 8,
         pairs["trainable vs graph runtime"].add(graph, mine)
         pairs["graph runtime vs pytorch"].add(reference, graph)
         singles.append(mine)
-    equal = True
+    equal, batch_max_abs = True, 0.0
     for start in range(0, len(rows), batch):
         chunk = rows[start:start + batch]
         ids, mask = pad_batch(chunk, pair.pieces.pad_id)
         with torch.no_grad():
             out = encoder(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
         equal &= all(np.array_equal(out[i, : len(r)], singles[start + i]) for i, r in enumerate(chunk))
+        batch_max_abs = max([batch_max_abs] + [float(np.abs(out[i, : len(r)] - singles[start + i]).max())
+                                               for i, r in enumerate(chunk)])
     return [{"model": pair.name, "family": family, "comparison": name, **pairs[name].row(),
-             "batch_equal": equal} for name in comparisons]
+             "batch_equal": equal, "batch_max_abs": batch_max_abs} for name in comparisons]

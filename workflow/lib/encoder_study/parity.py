@@ -123,19 +123,35 @@ def inference_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike,
     return report
 
 
+# How far padded batches of the trainable modules may differ from the texts run alone, relative to the
+# largest value: float32 reassociation only. Attention's probabilities times values reduce over the
+# padded length, and the matrix library may block a longer reduction otherwise (a random XLM-R base at
+# full size: 3.1e-6 on one text of 151 pieces in a batch padded to 214); a padding bug (a position or a
+# mask read wrongly) moves the values by their own size.
+BATCH_TOLERANCE = 1e-5
+
+
 def trainable_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike, texts: str | os.PathLike,
                    threads: int, out: str | os.PathLike) -> Report:
     """The model's rows of the trainable table to `out` (CSV). Once they are written, ParityError when
-    padded batches of the trainable modules differ from the texts run alone."""
+    padded batches of the trainable modules differ from the texts run alone by more than float32
+    reassociation (BATCH_TOLERANCE); a smaller difference is a note (batch_equal False)."""
     threads = machine.torch_threads(threads)
     report = Report("Trainable parity", "", inputs=[*model_inputs(model_dir, source_json), texts])
     pair = compare.Pair.load(model_dir, source_json)
     rows = compare.trainable_parity(pair, [r["text"] for r in compare.read_texts(texts)], threads)
+    batch_max_abs = max(row.pop("batch_max_abs") for row in rows)  # the fragment's, not the table's
     report.markdown = write_rows("trainable", rows, out)
     report.outputs.append(out)
     if not rows[0]["batch_equal"]:
-        raise compare.ParityError(f"{pair.name}: padded batches of the trainable modules differ from the "
-                                  "texts run alone; the design promises exact equality")
+        relative = batch_max_abs / max(1.0, max(r["max_value"] for r in rows))
+        if not relative <= BATCH_TOLERANCE:
+            raise compare.ParityError(f"{pair.name}: padded batches of the trainable modules differ from the "
+                                      f"texts run alone by {batch_max_abs:.3g} (relative {relative:.3g} > "
+                                      f"{BATCH_TOLERANCE}): more than float32 reassociation")
+        report.notes.append(f"padded batches differ from the texts run alone by up to {batch_max_abs:.3g} "
+                            f"(relative {relative:.3g} <= {BATCH_TOLERANCE}): float32 reassociation in the "
+                            "matrix library, not a padding error")
     return report
 
 
