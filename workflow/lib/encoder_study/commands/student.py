@@ -57,6 +57,8 @@ def _streamed(args, frag) -> list:
                            "or take the commit from huggingface_hub.HfApi().dataset_info(name).sha")
     sources = data.resolve_revisions(given)
     for old, new in zip(given, sources, strict=True):
+        if new.local is not None and frag is not None:  # local stand-ins (config/rehearsal.yaml): hashed
+            frag.inputs += [os.path.join(new.local, f"{c}.jsonl") for c in sorted(new.configs.values())]
         if new.local is not None or frag is None:
             continue
         if old.revision:
