@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, cli_runner
+from conftest import ROOT, cli_runner, copy_workflow, snakemake
 from encoder_study import provenance, rehearsal
 from encoder_study.student import data
 
@@ -225,33 +224,11 @@ def test_a_fragment_records_the_peak_resident_memory_of_its_command(tmp_path):
     assert f"| peak resident memory (MB) | {record['peak_rss_mb']} |" in fragment.read_text(encoding="utf-8")
 
 
-def _copy_workflow(target: Path) -> Path:
-    target.mkdir(parents=True)
-    for part in (
-        "Snakefile",
-        "config",
-        "workflow",
-        "profiles",
-        "envs",
-        "CITATION.cff",
-        "LICENSE",
-        "tests/data",
-    ):
-        source = ROOT / part
-        if source.is_dir():
-            shutil.copytree(source, target / part, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, target / part)
-    return target
-
-
+@pytest.mark.slow
 def test_scaled_down_rehearsal_runs_every_rule_of_the_study_and_measures_it(tmp_path):
     """config/rehearsal.yaml over config/paper.yaml, as the full rehearsal, with small architecture files."""
-    copy = _copy_workflow(tmp_path / "workflow")
-    command = [
-        sys.executable,
-        "-m",
-        "snakemake",
+    copy = copy_workflow(tmp_path / "workflow", "tests/data")
+    result = snakemake(
         "--cores",
         "2",
         "all",
@@ -259,8 +236,8 @@ def test_scaled_down_rehearsal_runs_every_rule_of_the_study_and_measures_it(tmp_
         "config/paper.yaml",
         "config/rehearsal.yaml",
         "tests/data/rehearsal-small.yaml",
-    ]
-    result = subprocess.run(command, cwd=copy, capture_output=True, text=True)
+        cwd=copy,
+    )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
 
     rows = {
