@@ -209,13 +209,16 @@ def test_the_command_writes_the_table_then_refuses_a_request_below_a_peak(measur
     assert "rule export_model" in err and "resources.export_model.mem_mb to at least 5000" in err
 
 
-def test_a_fragment_records_the_peak_resident_memory_of_its_command(tmp_path):
-    """A fresh process (about 30 MB) holds 400 MB for a moment, then writes its fragment."""
+@pytest.mark.parametrize("reset", [False, True])
+def test_a_fragment_records_the_peak_resident_memory_of_its_command(tmp_path, reset):
+    """A fresh process (about 30 MB) holds 400 MB for a moment, then writes its fragment; a reset of the
+    kernel's high-water mark in between (writeback and retrieval measure their parts so) loses nothing."""
     script = (
-        "import sys; from encoder_study import provenance\n"
+        "import sys; from encoder_study import machine, provenance\n"
         "block = bytearray(400_000_000)\n"  # zero-filled, so every page is touched
         "del block\n"
-        "with provenance.Fragment(sys.argv[1], argv=['encoder-study']):\n    pass\n"
+        + ("assert machine.reset_peak() and machine.peak_resident_kib() < 200_000\n" if reset else "")
+        + "with provenance.Fragment(sys.argv[1], argv=['encoder-study']):\n    pass\n"
     )
     fragment = tmp_path / "provenance/x/x_rule.md"
     subprocess.run([sys.executable, "-c", script, str(fragment)], check=True)

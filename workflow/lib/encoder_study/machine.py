@@ -66,12 +66,27 @@ def peak_resident_kib() -> int:
     return peak
 
 
+# The largest peak that reset_peak has cleared in this process: the kernel's own high-water marks
+# (VmHWM and ru_maxrss alike) forget it.
+_CLEARED_PEAK_KIB = 0
+
+
+def lifetime_peak_kib() -> int:
+    """This process's peak resident set (KiB) since it started, including what reset_peak cleared."""
+    import resource
+
+    return max(_CLEARED_PEAK_KIB, peak_resident_kib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
 def reset_peak() -> bool:
     """Reset the peak resident set to the current one (Linux: `5` to /proc/self/clear_refs), so that
     `peak_resident_kib` afterwards is the peak of what follows; False where it cannot be reset.
+    `lifetime_peak_kib` keeps the peak it clears.
 
     Freed heap is first given back to the system (glibc's malloc_trim): otherwise pages freed before
     stay resident, what follows reuses them, and its cost would not show in the peak."""
+    global _CLEARED_PEAK_KIB
+    _CLEARED_PEAK_KIB = lifetime_peak_kib()
     try:
         import ctypes
 

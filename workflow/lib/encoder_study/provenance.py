@@ -26,7 +26,7 @@ from pathlib import Path
 
 from . import __version__, files
 from .errors import UserError
-from .machine import cores
+from .machine import cores, lifetime_peak_kib
 from .tables import markdown_table
 
 LIBRARIES = (
@@ -173,10 +173,11 @@ def device() -> dict[str, str]:
 
 def peak_rss_mb() -> int:
     """The most resident memory (MB) this process, or a child it waited for, has held: the kernel's
-    high-water mark (ru_maxrss), which Snakemake's benchmark (sampled every 30 s) can miss."""
+    high-water marks (machine.lifetime_peak_kib, ru_maxrss of the children), which Snakemake's
+    benchmark (sampled every 30 s) can miss."""
     import resource
 
-    kib = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    kib = max(lifetime_peak_kib(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     return round(kib * 1024 / 1e6)
 
 
