@@ -139,3 +139,25 @@ def test_acquire_command_writes_source_and_fragment(tmp_path, monkeypatch):
     assert f"| output | {(out / acquire.SOURCE_JSON).as_posix()} |" in body
     assert f"| output | {(out / 'model' / 'config.json').as_posix()} |" in body
     assert "| run |" not in body  # the subcommand's function is not a setting
+
+
+@pytest.mark.parametrize(("kind", "start", "continuation"), [("wordpiece", "", "##"), ("unigram", "▁", "")])
+def test_a_tokenizer_padded_to_a_vocabulary_size_keeps_the_hand_made_pieces(kind, start, continuation):
+    """The generated pieces come after the hand-made ones (whose ids the tiny models keep), in the order
+    of letter strings of 2, 3... letters, each as a word start and as a continuation."""
+    from encoder_study import tiny
+
+    specials = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+    small = tiny.TOKENIZERS[kind](specials)
+    base = small.get_vocab_size()
+    big = tiny.TOKENIZERS[kind](specials, base + 5000)
+    assert big.get_vocab_size() == base + 5000
+    assert [big.id_to_token(i) for i in range(base)] == [small.id_to_token(i) for i in range(base)]
+    letters = "etaoinsrhldcumfpgwybvkxjqz"
+    expected = [p for a in letters for b in letters for p in (start + a + b, continuation + a + b)]
+    taken = {small.id_to_token(i) for i in range(base)}
+    first = [p for p in expected if p not in taken][:40]
+    assert [big.id_to_token(i) for i in range(base, base + 40)] == first
+    assert big.to_str() == tiny.TOKENIZERS[kind](specials, base + 5000).to_str()  # the same every time
+    with pytest.raises(tiny.ArchitectureError, match=f"below the {base} pieces"):
+        tiny.TOKENIZERS[kind](specials, base - 1)
