@@ -227,6 +227,19 @@ def test_a_fragment_records_the_peak_resident_memory_of_its_command(tmp_path, re
     assert f"| peak resident memory (MB) | {record['peak_rss_mb']} |" in fragment.read_text(encoding="utf-8")
 
 
+def test_a_command_does_not_report_the_peak_of_the_process_that_started_it(tmp_path):
+    """Linux carries ru_maxrss over fork and exec: a command started by a process holding 600 MB (as
+    pytest or Snakemake may) must still report its own peak, not its parent's."""
+    script = (
+        "import subprocess, sys\n"
+        "block = bytearray(600_000_000)\n"
+        "subprocess.run([sys.executable, '-c', 'from encoder_study import machine; "
+        "print(machine.lifetime_peak_kib() // 1024)'], check=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert int(out) < 300
+
+
 @pytest.mark.slow
 def test_scaled_down_rehearsal_runs_every_rule_of_the_study_and_measures_it(tmp_path):
     """config/rehearsal.yaml over config/paper.yaml, as the full rehearsal, with small architecture files."""

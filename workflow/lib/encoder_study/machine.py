@@ -72,10 +72,12 @@ _CLEARED_PEAK_KIB = 0
 
 
 def lifetime_peak_kib() -> int:
-    """This process's peak resident set (KiB) since it started, including what reset_peak cleared."""
-    import resource
+    """This process's peak resident set (KiB) since it started, including what reset_peak cleared.
 
-    return max(_CLEARED_PEAK_KIB, peak_resident_kib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    Not ru_maxrss where VmHWM exists: Linux carries ru_maxrss over from the parent at fork and keeps it
+    across exec, so a command started by a large process (pytest, Snakemake) would report its parent's
+    peak; VmHWM belongs to the process's own address space, new at exec."""
+    return max(_CLEARED_PEAK_KIB, peak_resident_kib())
 
 
 def reset_peak() -> bool:
