@@ -11,9 +11,9 @@ seconds, and Snakemake's benchmark file where the rule writes one), puts it besi
     rows = resources(rules, "provenance", "results/benchmarks", margin=1.5)
     problems = check(rows)   # one line per rule whose mem_mb is below its peak
 
-The peak is the larger of two measurements: the fragment's (ru_maxrss, the kernel's high-water mark
-of the command and the children it waited for) and the benchmark's max_rss (Snakemake samples every
-second for 30 s, then every 30 s, so it can miss a short peak).
+The peak is the larger of two measurements: the fragment's (`provenance.peak_rss_mb`: the kernel's
+high-water marks of the command and of the children it waited for) and the benchmark's max_rss
+(Snakemake samples every second for 30 s, then every 30 s, so it can miss a short peak).
 """
 
 from __future__ import annotations
