@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..data import texts
+from ..runtime import pad_batch
 from ..tokens import PieceTokenizer
 from . import StudentError
 
@@ -136,13 +137,7 @@ class Corpus:
         rng = np.random.default_rng([int(seed), int(stream), int(step)])
         length = int(lengths[int(rng.integers(len(lengths)))])
         picked = rng.choice(len(self.langs), size=windows, p=self._p)
-        rows = [self.window(rng, self.langs[i], length) for i in picked]
-        width = max(len(r) for r in rows)
-        ids = np.full((windows, width), pad_id, dtype=np.int64)
-        mask = np.zeros((windows, width), dtype=np.int64)
-        for i, row in enumerate(rows):
-            ids[i, :len(row)] = row
-            mask[i, :len(row)] = 1
+        ids, mask = pad_batch([self.window(rng, self.langs[i], length) for i in picked], pad_id)
         return Batch(torch.from_numpy(ids), torch.from_numpy(mask), tuple(self.langs[i] for i in picked))
 
 
