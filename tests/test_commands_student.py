@@ -98,12 +98,12 @@ def test_export_and_parity(distilled, tmp_path):
                    "--texts", str(texts), "--out", str(table), "--threads", "1",
                    "--provenance", str(tmp_path / "prov/student_parity.md")) == 0
     rows = list(csv.DictReader(table.open()))
-    assert [r["comparison"] for r in rows] == ["trainable vs pytorch", "graph runtime vs pytorch"]
+    assert [r["comparison"] for r in rows] == ["trainable vs transformers", "graph runtime vs transformers"]
     for row in rows:
         assert int(row["tokens"]) > 10
-        assert float(row["max_abs"]) < 1e-5
+        assert 0 < float(row["max_abs"]) < 1e-5  # transformers' BertModel, written apart
         assert row["batch_equal"] == "True"
-    assert "| trainable vs pytorch |" in table.with_suffix(".md").read_text()
+    assert "| trainable vs transformers |" in table.with_suffix(".md").read_text()
 
 
 def test_bad_settings_are_refused_with_a_message(distilled, tmp_path, capsys):

@@ -1,9 +1,11 @@
 """The distilled student: architecture, ONNX export (names, [in, out] layout, graph shape, determinism),
-reading it back as a trainable encoder, the frozen encoder on it, write-back and parity."""
+reading it back as a trainable encoder, the frozen encoder on it, write-back, and parity against
+transformers' BertModel holding the student's weights (student.reference)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -19,6 +21,7 @@ from encoder_study.onnx import patch
 from encoder_study.student import StudentError
 from encoder_study.student import export as student_export
 from encoder_study.student import parity as student_parity
+from encoder_study.student import reference as student_reference
 from encoder_study.student.architecture import StudentConfig, build, parameter_count
 from encoder_study.tokens import Doc
 from encoder_study.trainable import GraphError
@@ -313,11 +316,102 @@ def test_writeback_perturbed_graph_equals_the_modules(exported, tmp_path, tokens
             assert torch.equal(p, again[name]), name
 
 
+# -- parity against transformers' BertModel (student.reference) ---------------------------------------
+
+# Without effect by mathematics: a key bias adds the same amount to every score of a query.
+NO_EFFECT = re.compile(r"layers\.\d+\.key\.bias")
+
+
+def bert(state, settings, names=None):
+    return student_reference.load(state, settings, names)
+
+
+def states(model, ids, mask):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).numpy()
+
+
 def test_student_parity(student, exported):
-    rows = student_parity.parity(student, exported, TEXTS, threads=1, batch=3)
-    assert [r["comparison"] for r in rows] == ["trainable vs pytorch", "graph runtime vs pytorch"]
+    rows = student_parity.parity(bert(student.state_dict(), student.settings_dict()), exported, TEXTS,
+                                 threads=1, batch=3)
+    assert [r["comparison"] for r in rows] == ["trainable vs transformers", "graph runtime vs transformers"]
     for r in rows:
-        assert set(r) == set(student_parity.PARITY_COLUMNS)
-        assert r["tokens"] > 40 and r["max_abs"] < 1e-5 and r["min_cos"] > 0.99999 and r["batch_equal"]
-    assert rows[0]["max_abs"] == 0.0  # the same modules with the same weights: the same bits
-    assert "graph runtime vs pytorch" in student_parity.parity_markdown(rows)
+        assert list(r) == student_parity.PARITY_COLUMNS
+        # Two implementations written apart: close, and not the same bits.
+        assert r["tokens"] > 40 and 0 < r["max_abs"] < 1e-5 and r["min_cos"] > 0.99999 and r["batch_equal"]
+    assert "graph runtime vs transformers" in student_parity.parity_markdown(rows)
+
+
+def test_transformers_reference_computes_the_student(student):
+    ids, mask = batch(vocab=student.settings.vocab_size)
+    reference = bert(student.state_dict(), student.settings_dict())
+    assert not reference.training and reference.bert.config._attn_implementation == "eager"
+    assert real_max_abs(states(reference, ids, mask), run(student, ids, mask), mask) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def graph_states(student, exported):
+    ids, mask = batch(vocab=student.settings.vocab_size)
+    return ids, mask, run_ort(exported / manifest.ONNX_FILE, ids, mask)
+
+
+def test_every_student_tensor_moved_in_turn_is_caught(student, graph_states):
+    """The reference given the student's weights with one tensor moved, for each tensor in turn, differs
+    from the exported graph: no tensor is left out or read from elsewhere without it showing."""
+    ids, mask, graph = graph_states
+    state, settings = student.state_dict(), student.settings_dict()
+    generator = torch.Generator().manual_seed(17)
+    for name, value in state.items():
+        moved = dict(state, **{name: value + 0.05 * torch.randn(value.shape, generator=generator)})
+        diff = real_max_abs(states(bert(moved, settings), ids, mask), graph, mask)
+        assert diff < 1e-5 if NO_EFFECT.fullmatch(name) else diff > 1e-3, (name, diff)
+
+
+def test_every_swapped_pair_of_tensors_is_caught(student, graph_states):
+    """Each tensor read from the place of the next tensor of its shape (and that one from its place)."""
+    ids, mask, graph = graph_states
+    state, settings = student.state_dict(), student.settings_dict()
+    by_shape = {}
+    for name, value in state.items():
+        by_shape.setdefault(tuple(value.shape), []).append(name)
+    swaps = [(group[i], group[(i + 1) % len(group)]) for group in by_shape.values() if len(group) > 1
+             for i in range(len(group))]
+    assert len(swaps) > 30
+    for a, b in swaps:
+        if NO_EFFECT.fullmatch(a) and NO_EFFECT.fullmatch(b):
+            continue
+        diff = real_max_abs(states(bert(dict(state, **{a: state[b], b: state[a]}), settings), ids, mask),
+                            graph, mask)
+        assert diff > 1e-3, (a, b, diff)
+
+
+def test_a_swapped_name_in_the_map_shows_in_the_parity_table(student, exported):
+    names = student_reference.bert_names(2)
+    names["layers.1.query.weight"], names["layers.1.key.weight"] = \
+        names["layers.1.key.weight"], names["layers.1.query.weight"]
+    reference = bert(student.state_dict(), student.settings_dict(), names)
+    rows = student_parity.parity(reference, exported, TEXTS[:2], threads=1, batch=2)
+    assert [r["max_abs"] > 1e-3 for r in rows] == [True, True]
+
+
+def test_the_reference_refuses_what_it_cannot_place(student):
+    state, settings = student.state_dict(), student.settings_dict()
+    with pytest.raises(StudentError, match=r"\['extra'\] have no place"):
+        bert(dict(state, extra=torch.zeros(1)), settings)
+    with pytest.raises(StudentError, match="no tensor layers.1.ff_in.bias"):
+        bert({k: v for k, v in state.items() if k != "layers.1.ff_in.bias"}, settings)
+    with pytest.raises(StudentError, match=r"layers.0.ff_in.weight has shape \(32, 64\)"):
+        bert(dict(state, **{"layers.0.ff_in.weight": state["layers.0.ff_in.weight"].T}), settings)
+    with pytest.raises(StudentError, match="tokens.weight has shape"):
+        bert(dict(state, **{"tokens.weight": state["tokens.weight"][:-1]}), settings)
+    names = student_reference.bert_names(2)
+    del names["layers.0.ff_norm.bias"]
+    with pytest.raises(StudentError, match="layers.0.ff_norm.bias"):  # now unplaced
+        bert(state, settings, names)
+    names = dict(student_reference.bert_names(2), **{"layers.0.ff_norm.bias": "embeddings.LayerNorm.bias"})
+    with pytest.raises(StudentError, match=r"\['encoder.layer.0.output.LayerNorm.bias'\] get no"):
+        bert(state, settings, names)
+    with pytest.raises(StudentError, match="positions"):
+        bert(state, dict(settings, position_offset=2))
+    with pytest.raises(StudentError, match="factorised"):
+        bert(state, dict(settings, embedding_width=None))

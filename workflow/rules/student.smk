@@ -1,9 +1,10 @@
 # Recipe `student`: a small encoder distilled from the teacher (hidden-state distillation), exported like
-# every other encoder into results/models/<student>, and checked against PyTorch. The tagging and
-# write-back recipes use it as a model (model_files(STUDENT) in common.smk).
+# every other encoder into results/models/<student>, and checked against transformers' BertModel holding
+# its weights (student_parity). The tagging and write-back recipes use it as a model (model_files(STUDENT)
+# in common.smk).
 # Rule file workflow/rules/student.smk; command `encoder-study student distill|export|parity`
 # (encoder_study.commands.student); library encoder_study.student (distill, data, objective, architecture,
-# export, parity).
+# export, reference, parity).
 
 
 rule student_distill:

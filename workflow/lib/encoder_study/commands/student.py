@@ -137,22 +137,23 @@ def export(args) -> int:
 def parity(args) -> int:
     from .. import files, machine, tables
     from ..data import texts
-    from ..student import distill
+    from ..student import distill, reference
     from ..student import parity as student_parity
 
     threads = machine.torch_threads(args.threads)
     markdown_path = Path(args.out).with_suffix(".md")
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
         encoder, _ = distill.load_student(args.student)
+        bert = reference.load(encoder.state_dict(), encoder.settings_dict())
         records = texts.read_jsonl(args.texts)
-        rows = student_parity.parity(encoder, args.export_dir, [r["text"] for r in records],
-                                             threads=threads)
+        rows = student_parity.parity(bert, args.export_dir, [r["text"] for r in records], threads=threads)
         files.write_text(args.out, tables.csv_text(rows, student_parity.PARITY_COLUMNS))
         markdown = student_parity.parity_markdown(rows)
         files.write_text(markdown_path, markdown)
         frag.inputs += [args.student, args.texts, *(Path(args.export_dir) / n for n in manifest.EXPORT_FILES)]
         frag.outputs += [args.out, markdown_path]
-        frag.table("Student parity (one text per run, every token)", markdown)
+        frag.table("Student parity against transformers' BertModel (one text per run, every token)",
+                   markdown)
     return 0
 
 
@@ -196,7 +197,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ort-optimization", required=True)
     p.add_argument("--threads", type=int, required=True)
 
-    p = sub.add_parser("parity", help="trainable modules and ONNX Runtime against the PyTorch student")
+    p = sub.add_parser("parity", help="trainable modules and ONNX Runtime against transformers' BertModel "
+                       "holding the student's weights")
     p.set_defaults(run=parity)
     provenance.add_arguments(p)
     p.add_argument("--student", required=True)

@@ -1,30 +1,34 @@
 """The student's parity (`results/student/parity.csv`): the trainable modules read back from the graph,
-and ONNX Runtime on the graph, each against the PyTorch student that was exported."""
+and ONNX Runtime on the graph, each against transformers' BertModel holding the student's weights
+(`student.reference`), an implementation written apart from both."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from torch import nn
+
 from .. import machine, manifest, tables
-from ..trainable.postnorm import PostNormEncoder
 
 PARITY_COLUMNS = ["model", "comparison", "tokens", "max_abs", "mean_abs", "max_value", "min_cos",
                   "batch_equal"]
-PARITY_COMPARISONS = ("trainable vs pytorch", "graph runtime vs pytorch")
+# compare.trainable_parity's comparison -> this table's: its "pytorch" side is the reference given.
+PARITY_COMPARISONS = {"trainable vs pytorch": "trainable vs transformers",
+                      "graph runtime vs pytorch": "graph runtime vs transformers"}
 # results/student/parity.md: the shared parity columns between the comparison and the batch check.
 PARITY_MARKDOWN = (("model", "model", ""), ("comparison", "comparison", ""), *tables.PARITY_COLUMNS,
                    ("batch_equal", "batches = alone", "yes"))
 
 
-def parity(pytorch_encoder: PostNormEncoder, export_dir: str | os.PathLike, texts: list[str], threads: int,
+def parity(reference: nn.Module, export_dir: str | os.PathLike, texts: list[str], threads: int,
            batch: int = 8) -> list[dict]:
     """Rows of results/student/parity.csv (`PARITY_COLUMNS`).
 
     The trainable modules read back from the graph (`trainable.load`), and ONNX Runtime on the graph,
-    each against `pytorch_encoder` (the student that was exported), one text per run over every
-    token; `batch_equal`: padded batches of `batch` give the read-back modules exactly (bitwise) the
-    rows of the texts run alone.
+    each against `reference` (`student.reference.load` of the exported student's weights), one text
+    per run over every token; `batch_equal`: padded batches of `batch` give the read-back modules
+    exactly (bitwise) the rows of the texts run alone.
     """
     from .. import compare, tokens
 
@@ -35,15 +39,17 @@ def parity(pytorch_encoder: PostNormEncoder, export_dir: str | os.PathLike, text
     pad_id = 0 if pad is None else int(pad)
     pieces = tokens.TextPieces(export_dir / manifest.TOKENIZER_FILE, int(config["max_position_embeddings"]),
                                pad_id)
-    model = compare.Pair(record["model"], export_dir / manifest.ONNX_FILE, pytorch_encoder, pieces)
-    was = pytorch_encoder.training
+    model = compare.Pair(record["model"], export_dir / manifest.ONNX_FILE, reference, pieces)
+    was = reference.training
     try:
-        pytorch_encoder.eval()
+        reference.eval()
         rows = compare.trainable_parity(model, texts, machine.usable_threads(threads), batch,
-                                       comparisons=PARITY_COMPARISONS)
+                                        comparisons=tuple(PARITY_COMPARISONS))
     finally:
-        pytorch_encoder.train(was)
-    return [{k: row[k] for k in PARITY_COLUMNS} for row in rows]  # the family is known: postnorm
+        reference.train(was)
+    # The family is known (postnorm); the comparison takes this table's name.
+    return [{**{k: row[k] for k in PARITY_COLUMNS}, "comparison": PARITY_COMPARISONS[row["comparison"]]}
+            for row in rows]
 
 
 def parity_markdown(rows: list[dict]) -> str:
