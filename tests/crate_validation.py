@@ -1,6 +1,7 @@
 """roc-validator on a crate, offline: the Provenance Run Crate profile (shipped in the package), the
 JSON-LD contexts from tests/data/ro-crate served through a requests-cache the test fills, and every
-socket connection refused while it runs, so a check that wanted the network fails instead of fetching."""
+socket connection refused while it runs, so a check that wanted the network fails instead of fetching.
+At the REQUIRED level, or at RECOMMENDED (which adds the SHOULDs) less one known false positive."""
 
 from __future__ import annotations
 
@@ -51,17 +52,38 @@ def _refuse(*args, **kwargs):
     raise OSError("network access during the crate's validation")
 
 
-def required_issues(crate_root: Path, cache: Path) -> list[str]:
-    """Every issue at the REQUIRED level, as 'check: message (entity)'; empty when the crate conforms."""
+def issues(crate_root: Path, cache: Path, severity: str = "REQUIRED") -> list[str]:
+    """Every issue at `severity` (REQUIRED or RECOMMENDED, which includes REQUIRED), as 'check: message
+    (entity)', with the value it found where the validator names one; empty when the crate conforms."""
     from rocrate_validator import models, services
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(socket.socket, "connect", _refuse)
         settings = models.ValidationSettings(
-            rocrate_uri=str(crate_root), profile_identifier=PROFILE, requirement_severity="REQUIRED",
+            rocrate_uri=str(crate_root), profile_identifier=PROFILE, requirement_severity=severity,
             offline=True, cache_path=cache)
         result = services.validate(settings)
-    issues = [f"{issue.identifier}: {issue.message} ({issue.violatingEntity})"
-              for issue in result.get_issues()]
-    assert result.passed() == (not issues), issues
-    return issues
+    found = [f"{issue.identifier}: {issue.message} ({issue.violatingEntity})"
+             + (f" = {issue.violatingPropertyValue}" if issue.violatingPropertyValue is not None else "")
+             for issue in result.get_issues()]
+    assert result.passed() == (not found), found
+    return found
+
+
+def required_issues(crate_root: Path, cache: Path) -> list[str]:
+    return issues(crate_root, cache, "REQUIRED")
+
+
+# roc-validator 0.13.0 wants every SoftwareApplication, SoftwareSourceCode and ComputationalWorkflow to
+# have an absolute http id, the main workflow included; but Workflow RO-Crate (a REQUIRED check of the
+# same validator) wants the main workflow to be a file in the crate, whose id is its relative path. No
+# crate with a local workflow file meets both: crs4/rocrate-validator issue 51 (open). That one
+# recommendation is set aside, for the main workflow only.
+MAIN_WORKFLOW_ID_CHECK = "process-run-crate-0.5_5.1"
+
+
+def recommended_issues(crate_root: Path, cache: Path, workflow: str = "Snakefile") -> list[str]:
+    """Every issue at the RECOMMENDED level but the main workflow's relative id (issue 51 above)."""
+    main = (Path(crate_root).resolve() / workflow).as_uri()
+    return [issue for issue in issues(crate_root, cache, "RECOMMENDED")
+            if not (issue.startswith(MAIN_WORKFLOW_ID_CHECK) and issue.endswith(f" = {main}"))]

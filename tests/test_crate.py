@@ -1,22 +1,33 @@
-"""The run's Workflow Run RO-Crate (encoder_study.crate): built from fragments the tests write with the
-real Fragment writer, it passes roc-validator's Provenance Run Crate profile at the REQUIRED level
-(offline: tests/crate_validation.py), lists every file of every fragment with its SHA-256, is the same
-bytes twice, and refuses a tampered or missing fragment with a message naming the file and field."""
+"""The run's Workflow Run RO-Crate (encoder_study.crate) and its digest: built from fragments the tests
+write with the real Fragment writer, the crate passes roc-validator's Provenance Run Crate profile at
+the REQUIRED and RECOMMENDED levels (offline: tests/crate_validation.py), lists every file of every
+fragment, the workflow's code, the joined PROVENANCE.md and the report's pages with their SHA-256, is
+the same bytes twice, and refuses a tampered or missing fragment with a message naming the file and
+field. `verify` checks every file the crate lists, and `verify --digest` the crate itself: a consistent
+edit of a result, its fragment's twin, the crate and the crate's own fragment passes `verify` alone
+but not `verify --digest` with the digest the crate step printed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
 from pathlib import Path
 
 import pytest
-from crate_validation import fill_cache, required_issues
+from crate_validation import MAIN_WORKFLOW_ID_CHECK, fill_cache, issues, recommended_issues, required_issues
 
 from conftest import ROOT, runner
 from encoder_study import crate, files, provenance
 
 run = runner("provenance")
+AGENT = "Ada Lovelace <ada@example.org>"
+CODE_URL = "https://example.org/encoder-study"
+SCORES = "results/tagging/scores.csv"
+JOINED = "provenance/demo/PROVENANCE.md"
+PAGE = "results/report/tagging/scores.html"
+CODE = ["config/words.txt", "workflow/rules/demo.smk"]
 
 
 @pytest.fixture(scope="module")
@@ -32,32 +43,48 @@ def _job(fragment: str, inputs: list[str], outputs: dict[str, str], argv: list[s
         frag.outputs += list(outputs)
 
 
+def _citation(code_url: str | None) -> str:
+    """The repository's CITATION.cff, with `code_url` as its repository-code (or with none)."""
+    cff = (ROOT / "CITATION.cff").read_text(encoding="utf-8")
+    cff = re.sub(r"^(repository-code|url):.*\n", "", cff, flags=re.MULTILINE)
+    return cff + (f"repository-code: {code_url}\n" if code_url else "")
+
+
 @pytest.fixture
 def run_dir(tmp_path, monkeypatch) -> Path:
-    """A tiny finished run: a workflow folder with three jobs of two rules and their fragments (the
-    fragments record paths relative to the working directory, as the rules' do)."""
+    """A tiny finished run: a workflow folder with four jobs of three rules and their fragments (the
+    fragments record paths relative to the working directory, as the rules' do), a recipe's joined
+    PROVENANCE.md and a report page; its citation names where the code is published."""
     monkeypatch.chdir(tmp_path)
-    for name in ("Snakefile", "CITATION.cff", "LICENSE"):
+    for name in ("Snakefile", "LICENSE", "README.md"):
         shutil.copy2(ROOT / name, tmp_path / name)
+    files.write_text("CITATION.cff", _citation(CODE_URL))
     files.write_text("config/words.txt", "alpha\nbeta\n")
+    files.write_text("workflow/rules/demo.smk", "rule demo_make:\n    output: 'x'\n")
     _job("provenance/demo/demo_make-a.md", ["config/words.txt"], {"results/a/words.txt": "alpha\n"},
          ["encoder-study", "demo", "make", "--name", "a"])
     _job("provenance/demo/demo_make-b.md", ["config/words.txt"], {"results/b/words.txt": "beta\n"},
          ["encoder-study", "demo", "make", "--name", "b"])
     _job("provenance/demo/demo_table.md", ["results/a/words.txt", "results/b/words.txt"],
-         {"results/table.csv": "name,words\na,1\nb,1\n", "results/table.md": "| name | words |\n"},
+         {SCORES: "run,split,upos,ci_low,ci_high\na,test,97.10,96.50,97.90\n",
+          "results/tagging/scores.md": "| run | upos |\n"},
          ["encoder-study", "demo", "table"])
+    _job("provenance/demo/demo_check.md", [SCORES], {}, ["encoder-study", "demo", "check"])
+    assert run("join", "--recipe", "demo", "--out", JOINED, *FRAGMENTS) == 0
+    files.write_text(PAGE, "<html><body><table><tr><td>97.10</td></tr></table></body></html>\n")
     return tmp_path
 
 
-FRAGMENTS = [
-    "provenance/demo/demo_make-a.md", "provenance/demo/demo_make-b.md", "provenance/demo/demo_table.md"]
+FRAGMENTS = ["provenance/demo/demo_make-a.md", "provenance/demo/demo_make-b.md",
+             "provenance/demo/demo_table.md", "provenance/demo/demo_check.md"]
+OWN_FRAGMENT = "provenance/provenance/provenance_crate.md"
 
 
-def _build(out: str = crate.CRATE_NAME) -> dict:
+def _build(out: str = crate.CRATE_NAME, *extra: str, capsys=None) -> dict:
     assert run("crate", "--base", ".", "--workflow", "Snakefile", "--citation", "CITATION.cff",
-               "--license", "LICENSE", "--out", out,
-               "--provenance", "provenance/provenance/provenance_crate.md", *FRAGMENTS) == 0
+               "--license", "LICENSE", "--readme", "README.md", "--out", out, "--provenance", OWN_FRAGMENT,
+               *FRAGMENTS, "--code", *CODE, "--documents", JOINED, PAGE, "--configfiles", "config/words.txt",
+               *extra) == 0
     return json.loads(Path(out).read_text(encoding="utf-8"))
 
 
@@ -65,23 +92,57 @@ def _entities(built: dict) -> dict[str, dict]:
     return {e["@id"]: e for e in built["@graph"]}
 
 
-def test_crate_passes_the_provenance_run_crate_profile(run_dir, cache):
-    _build()
+def _verify(*extra: str) -> int:
+    return run("verify", "--root", "provenance", "--base", ".", *extra)
+
+
+# -- the profile --------------------------------------------------------------------------------------
+
+def test_crate_passes_the_provenance_run_crate_profile_at_the_recommended_level(run_dir, cache):
+    _build(crate.CRATE_NAME, "--agent", AGENT)
     assert required_issues(run_dir, cache) == []
+    assert recommended_issues(run_dir, cache) == []
+    # The one recommendation set aside (crate_validation says why) is the main workflow's, and only it.
+    kept = recommended_issues(run_dir, cache)
+    set_aside = [i for i in issues(run_dir, cache, "RECOMMENDED") if i not in kept]
+    assert set_aside and all(i.startswith(MAIN_WORKFLOW_ID_CHECK) and i.endswith("/Snakefile")
+                             for i in set_aside)
 
 
 def test_the_validator_catches_a_crate_that_breaks_the_profile(run_dir, cache):
-    # The check above can fail: a job without its tool and a result missing from disk are errors.
+    # The checks above can fail: a job without its tool and a result missing from disk are errors; a
+    # job without agent and a list of one reference are recommendations missed.
     built = _build()
     for entity in built["@graph"]:
         if entity["@id"] == crate.local_id("job", "demo/demo_table"):
             del entity["instrument"]
+        if entity["@id"] == crate.local_id("job", "demo/demo_make-a"):
+            del entity["agent"]
+            entity["result"] = [entity["result"]]
     Path(crate.CRATE_NAME).write_text(json.dumps(built))
-    Path("results/table.md").unlink()
-    issues = "\n".join(required_issues(run_dir, cache))
-    assert "results/table.md" in issues
-    assert "provenance-run-crate" in issues or "process-run-crate" in issues
+    Path("results/tagging/scores.md").unlink()
+    found = "\n".join(required_issues(run_dir, cache))
+    assert "results/tagging/scores.md" in found
+    assert "provenance-run-crate" in found or "process-run-crate" in found
+    recommended = "\n".join(recommended_issues(run_dir, cache))
+    assert "SHOULD have an agent" in recommended and "singleton array" in recommended
 
+
+def test_without_a_published_code_address_only_the_url_recommendations_remain(run_dir, cache):
+    """The repository's own CITATION.cff names no repository-code: the tools then keep local ids and
+    no url, the workflow and its authors no url, and the workflow claims no Bioschemas conformance;
+    nothing else is missed."""
+    files.write_text("CITATION.cff", _citation(None))
+    _build(crate.CRATE_NAME, "--agent", AGENT)
+    assert required_issues(run_dir, cache) == []
+    missed = recommended_issues(run_dir, cache)
+    assert missed
+    for issue in missed:
+        assert re.search(r"SHOULD have a url|id SHOULD be an absolute URI|organization SHOULD have a URL|"
+                         r"SHOULD comply with Bioschemas", issue), issue
+
+
+# -- what the crate says ---------------------------------------------------------------------------
 
 def test_every_file_of_every_fragment_is_listed_with_its_sha256(run_dir):
     built = _build()
@@ -91,33 +152,107 @@ def test_every_file_of_every_fragment_is_listed_with_its_sha256(run_dir):
         record = provenance.read_record(provenance.twin(fragment))
         job = entities[crate.local_id("job", provenance.record_name(record))]
         assert job["@type"] == "CreateAction"
-        assert job["instrument"] == {"@id": crate.local_id("tool", record["rule"])}
+        assert job["instrument"] == {"@id": f"{CODE_URL}#rule-{record['rule']}"}
         assert job["startTime"] == record["started"] and job["endTime"] == record["finished"]
         for entry in record["files"]:
             entity = listed[entry["path"]]
             assert entity["sha256"] == entry["sha256"] == files.sha256_file(entry["path"])
             assert entity["contentSize"] == str(entry["bytes"])
             side = "result" if entry["role"] == "output" else "object"
-            assert {"@id": entry["path"]} in job[side]
+            assert entry["path"] in crate.ids_of(job[side])
         # The fragment itself (Markdown and twin) is part of the crate, hashed as it is now.
         for part in (fragment, provenance.twin(fragment).as_posix()):
-            assert {"@id": part} in job["subjectOf"] and listed[part]["sha256"] == files.sha256_file(part)
+            assert part in crate.ids_of(job["subjectOf"])
+            assert listed[part]["sha256"] == files.sha256_file(part)
+    # A job that wrote nothing but its fragment (a check) has the fragment as its result.
+    check = entities[crate.local_id("job", "demo/demo_check")]
+    assert sorted(crate.ids_of(check["result"])) == ["provenance/demo/demo_check.json",
+                                                     "provenance/demo/demo_check.md"]
     root = entities["./"]
-    assert {"@id": "results/table.csv"} in root["hasPart"] and root["mainEntity"] == {"@id": "Snakefile"}
-    # The run: read config/words.txt, which no job wrote; left the table, which no job read.
+    assert SCORES in crate.ids_of(root["hasPart"]) and root["mainEntity"] == {"@id": "Snakefile"}
+    # The run: read config/words.txt, which no job wrote; left the table's Markdown, which no job read
+    # (the check read the CSV).
     run_action = entities["#run"]
-    assert run_action["object"] == [{"@id": "config/words.txt"}]
-    assert run_action["result"] == [{"@id": "results/table.csv"}, {"@id": "results/table.md"}]
-    steps = {s["@id"] for s in entities["Snakefile"]["step"]}
-    assert steps == {crate.local_id("step", "demo_make"), crate.local_id("step", "demo_table")}
+    assert run_action["object"] == {"@id": "config/words.txt"}
+    assert run_action["result"] == {"@id": "results/tagging/scores.md"}
+    assert entities["config/words.txt"]["exampleOfWork"] == entities["Snakefile"]["input"]
+    steps = set(crate.ids_of(entities["Snakefile"]["step"]))
+    assert steps == {crate.local_id("step", r) for r in ("demo_make", "demo_table", "demo_check")}
     snakemake = entities[crate.SNAKEMAKE_LANGUAGE]["version"]
     assert snakemake == provenance.library_versions(["snakemake"])["snakemake"]
     version = provenance.read_record(provenance.twin(FRAGMENTS[0]))["version"]
     assert entities["Snakefile"]["version"] == version
-    # The crate's own fragment names the twins it read and the crate it wrote.
-    own = provenance.read_record("provenance/provenance/provenance_crate.json")
-    assert {f["path"] for f in own["files"] if f["role"] == "output"} == {crate.CRATE_NAME}
+    # The crate's own fragment names the twins it read and the crate and digest it wrote.
+    own = provenance.read_record(provenance.twin(OWN_FRAGMENT))
+    assert {f["path"] for f in own["files"] if f["role"] == "output"} == {crate.CRATE_NAME, crate.DIGEST_NAME}
     assert {provenance.twin(f).as_posix() for f in FRAGMENTS} <= {f["path"] for f in own["files"]}
+
+
+def test_code_readme_joined_provenance_and_report_pages_are_in_the_crate(run_dir):
+    built = _build()
+    listed = crate.files_of(built)
+    for path in [*CODE, JOINED, PAGE, "Snakefile", "README.md", "CITATION.cff", "LICENSE"]:
+        assert listed[path]["sha256"] == hashlib.sha256(Path(path).read_bytes()).hexdigest(), path
+        assert path in crate.ids_of(_entities(built)["./"]["hasPart"]), path
+    assert listed["README.md"]["about"] == {"@id": "./"}
+    assert listed["README.md"]["encodingFormat"] == "text/markdown"
+    assert listed[JOINED]["encodingFormat"] == "text/markdown"
+    assert listed[PAGE]["encodingFormat"] == "text/html"
+    assert listed["workflow/rules/demo.smk"]["encodingFormat"] == "text/x-snakemake"
+    assert all(e.get("encodingFormat") for e in listed.values())
+
+
+def test_no_list_holds_a_single_value(run_dir):
+    def lists(value):
+        if isinstance(value, dict):
+            for inner in value.values():
+                yield from lists(inner)
+        elif isinstance(value, list):
+            yield value
+            for inner in value:
+                yield from lists(inner)
+
+    built = _build()
+    singles = [(e["@id"], v) for e in built["@graph"] for v in lists(e) if len(v) == 1]
+    assert singles == []
+
+
+def test_libraries_and_tools_have_absolute_ids_and_urls(run_dir):
+    entities = _entities(_build())
+    apps = [e for e in entities.values() if e["@type"] == "SoftwareApplication"]
+    assert apps and all(e["@id"].startswith("https://") and e["url"].startswith("https://") for e in apps)
+    torch = provenance.library_versions(["torch"])["torch"]
+    if torch != "not installed":
+        pypi = f"https://pypi.org/project/torch/{torch.replace('+', '%2B')}/"
+        assert entities[pypi]["softwareVersion"] == torch
+    # The workflow's own package is the workflow: its files are in the crate, not a PyPI release.
+    assert not [i for i in entities if "pypi.org/project/encoder-study" in i]
+
+
+@pytest.mark.parametrize("given, entity", [
+    (AGENT, {"@id": "#agent-Ada%20Lovelace", "name": "Ada Lovelace", "email": "ada@example.org"}),
+    ("Ada Lovelace https://orcid.org/0000-0002-1825-0097",
+     {"@id": "https://orcid.org/0000-0002-1825-0097", "name": "Ada Lovelace"}),
+    (None, {"@id": "#agent-Grace%20Hopper", "name": "Grace Hopper", "email": "grace@example.org"}),
+    ("", {"@id": "#agent-unknown", "name": "unknown"}),
+])
+def test_every_action_has_the_agent_given_else_git_author_else_unknown(run_dir, monkeypatch, given, entity):
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", "/dev/null")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("HOME", str(run_dir))
+    for key in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "EMAIL"):
+        monkeypatch.delenv(key, raising=False)
+    if given is None:  # git's author identity
+        monkeypatch.setenv("GIT_AUTHOR_NAME", "Grace Hopper")
+        monkeypatch.setenv("GIT_AUTHOR_EMAIL", "grace@example.org")
+    built = _build(crate.CRATE_NAME, *(["--agent", given] if given is not None else []))
+    entities = _entities(built)
+    found = entities[entity["@id"]]
+    assert found["@type"] == "Person" and {k: found[k] for k in entity if k != "@id"} == \
+        {k: v for k, v in entity.items() if k != "@id"}
+    actions = [e for e in entities.values() if str(e["@type"]).endswith("Action")]
+    assert len(actions) == 2 * len(FRAGMENTS) + 2  # jobs, their controls, the run, Snakemake's
+    assert all(a["agent"] == {"@id": entity["@id"]} for a in actions)
 
 
 def test_same_fragments_give_the_same_bytes(run_dir):
@@ -125,6 +260,8 @@ def test_same_fragments_give_the_same_bytes(run_dir):
     _build("second.json")
     assert Path("first.json").read_bytes() == Path("second.json").read_bytes()
 
+
+# -- refusing what is not as the rules wrote it ------------------------------------------------------
 
 @pytest.mark.parametrize("edit, field", [
     (lambda r: r["files"][0].update(sha256="0" * 63), "files[0].sha256"),
@@ -154,6 +291,12 @@ def test_a_missing_twin_and_a_stale_fragment_are_refused(run_dir):
         _build()
 
 
+def test_a_code_file_changed_since_a_job_read_it_is_refused(run_dir):
+    Path("config/words.txt").write_text("alpha\nbeta\ngamma\n")
+    with pytest.raises(crate.CrateError, match=r"config/words.txt changed after a job recorded it"):
+        _build()
+
+
 def test_a_file_outside_the_crate_gets_a_local_id_and_stays_out_of_the_payload(run_dir, tmp_path_factory):
     outside = tmp_path_factory.mktemp("elsewhere") / "treebank.conllu"
     outside.write_text("# text = x\n")
@@ -167,4 +310,72 @@ def test_a_file_outside_the_crate_gets_a_local_id_and_stays_out_of_the_payload(r
     listed = {e["name"]: e for e in crate.files_of(built).values()}
     entity = listed[str(outside)]
     assert entity["@id"].startswith("#file-") and entity["sha256"] == files.sha256_file(outside)
-    assert {"@id": entity["@id"]} not in _entities(built)["./"]["hasPart"]
+    assert entity["@id"] not in crate.ids_of(_entities(built)["./"]["hasPart"])
+
+
+# -- the digest, and verify against the crate ----------------------------------------------------------
+
+def _printed_digest(capsys) -> str:
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("run digest: ")]
+    assert len(lines) == 1, lines
+    return lines[0].split()[2]
+
+
+def test_the_crate_step_prints_and_writes_the_crates_sha256(run_dir, capsys):
+    _build()
+    digest = _printed_digest(capsys)
+    assert digest == hashlib.sha256(Path(crate.CRATE_NAME).read_bytes()).hexdigest()
+    assert Path(crate.DIGEST_NAME).read_text() == f"{digest}  {crate.CRATE_NAME}\n"
+    assert _verify("--digest", digest) == 0
+    assert _verify("--digest", digest.upper()) == 0
+
+
+def _rehash(twin: Path, path: str) -> None:
+    """Rewrite a twin's record of `path` with the file's bytes now, as a careful forger would."""
+    record = json.loads(twin.read_text())
+    for entry in record["files"]:
+        if entry["path"] == path:
+            entry.update(sha256=files.sha256_file(path), bytes=Path(path).stat().st_size)
+    twin.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def test_a_consistent_edit_of_results_twins_and_crate_fails_only_against_the_digest(run_dir, capsys):
+    _build()
+    digest = _printed_digest(capsys)
+    assert _verify() == 0
+    # The forgery: a better score, its hash updated in both fragments' twins that name the table, in
+    # the crate (the table and the twins), and in the crate's own fragment (the twins and the crate).
+    Path(SCORES).write_text(Path(SCORES).read_text().replace("97.10", "97.60"))
+    for fragment in ("provenance/demo/demo_table.md", "provenance/demo/demo_check.md"):
+        _rehash(provenance.twin(fragment), SCORES)
+    built = json.loads(Path(crate.CRATE_NAME).read_text())
+    for entity in crate.files_of(built).values():
+        if entity["@id"] in (SCORES, "provenance/demo/demo_table.json", "provenance/demo/demo_check.json"):
+            entity.update(sha256=files.sha256_file(entity["@id"]),
+                          contentSize=str(Path(entity["@id"]).stat().st_size))
+    Path(crate.CRATE_NAME).write_text(crate.text(built))
+    for path in (crate.CRATE_NAME, "provenance/demo/demo_table.json", "provenance/demo/demo_check.json"):
+        _rehash(provenance.twin(OWN_FRAGMENT), path)
+    capsys.readouterr()
+    assert _verify() == 0  # every hash agrees with every other: nothing anchors them
+    assert _verify("--digest", digest) == 1  # the cited digest does
+    assert "not the digest" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edited", [JOINED, PAGE, "workflow/rules/demo.smk", "README.md"])
+def test_verify_names_an_edited_joined_provenance_report_page_or_code_file(run_dir, capsys, edited):
+    _build()
+    assert _verify() == 0
+    Path(edited).write_text(Path(edited).read_text().replace("9", "8").replace("e", "E"))
+    capsys.readouterr()
+    assert _verify() == 1
+    assert re.search(rf"{re.escape(edited)} changed: the crate records sha256", capsys.readouterr().err)
+
+
+def test_verify_without_a_crate_says_what_it_did_not_check_and_digest_needs_one(run_dir, capsys):
+    assert _verify() == 0
+    assert "no run crate" in capsys.readouterr().out
+    assert _verify("--digest", "0" * 64) == 1
+    assert "ro-crate-metadata.json is missing" in capsys.readouterr().err
+    with pytest.raises(crate.CrateError, match="not a SHA-256"):
+        _verify("--digest", "abc")

@@ -76,6 +76,29 @@ def crate_fragments(wildcards):
                    for f in fragments} | {rules.export_table.output.prov})
 
 
+# The workflow's code and configs, which the run crate hashes (so `verify` checks them): its rules,
+# package, schema and report captions, config/ and envs/. The Snakefile, README, citation and licence
+# are named on their own. Listed when the workflow is read; hidden files and caches stay out.
+CODE_FOLDERS = ("workflow/rules", "workflow/schemas", "workflow/report", "config", "envs")
+
+
+def workflow_sources():
+    root = Path(workflow.basedir)
+    found = [p for folder in CODE_FOLDERS for p in (root / folder).rglob("*") if p.is_file()]
+    package = root / "workflow" / "lib"
+    found += [*(package / "encoder_study").rglob("*.py"), package / "pyproject.toml"]
+    return sorted(os.path.relpath(p) for p in found
+                  if not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts))
+
+
+def crate_documents(wildcards):
+    """What `all` makes from the fragments and results besides the crate: each recipe's joined
+    PROVENANCE.md and the report's pages (report.smk's REPORT_PAGES; read when the jobs are made)."""
+    built = set(rules.all.input)
+    joined = [recipe_target(r) for r in sorted(RECIPES) if recipe_target(r) in built]
+    return joined + sorted(p for p in REPORT_PAGES if p in built)
+
+
 # section -> the rules whose `threads:` (threads_for, timed_threads) or `resources:` (resources_of) the
 # config sets: the Snakefile refuses a `threads.<rule>` or `resources.<rule>` naming any other rule,
 # which would be ignored without a word.

@@ -1,19 +1,26 @@
-"""The Workflow Run RO-Crate of a run: `ro-crate-metadata.json`, built from the fragments' JSON twins.
+"""The Workflow Run RO-Crate of a run: `ro-crate-metadata.json`, built from the fragments' JSON twins,
+and its SHA-256, the run's digest, which a paper cites and `verify --digest` checks.
 
 It follows the Provenance Run Crate profile 0.5 (https://w3id.org/ro/wfrun/provenance/0.5, on RO-Crate
 1.1; also Workflow Run Crate, Process Run Crate and Workflow RO-Crate 1.0), the version roc-validator
 checks:
 
 - the workflow (the Snakefile: File, SoftwareSourceCode, ComputationalWorkflow, HowTo) in Snakemake,
-  with the package's version;
+  with the package's version, one input and one output parameter (the files the run read that no job
+  wrote, and those it left that no job read);
 - each rule as a step (HowToStep) and a tool (SoftwareApplication, with the libraries its jobs
-  recorded as softwareRequirements);
-- each job (one fragment) as a CreateAction: its tool as instrument, its inputs as object, its outputs
-  as result (File entities with contentSize and sha256), start and end, the command as description,
-  its wall time as resourceUsage and its two fragment files (Markdown and JSON twin) as subjectOf; a
-  ControlAction ties it to its step;
-- the run as a CreateAction of the workflow (object: files no job wrote; result: files no job read),
-  and an OrganizeAction with Snakemake (the versions the fragments record) as instrument.
+  recorded as softwareRequirements, each by its PyPI release);
+- each job (one fragment) as a CreateAction: its tool as instrument, the person who ran the workflow
+  as agent, its inputs as object, its outputs as result (File entities with contentSize and sha256;
+  a job that writes only its fragment, a check, has the fragment as result), start and end, the
+  command as description, its wall time as resourceUsage and its two fragment files (Markdown and JSON
+  twin) as subjectOf; a ControlAction ties it to its step;
+- the run as a CreateAction of the workflow (object: files no job wrote, and the config files; result:
+  files no job read), and an OrganizeAction with Snakemake (the versions the fragments record) as
+  instrument;
+- hashed when the crate is built: the workflow's code and configs (rules, package, schemas, captions,
+  config/, envs/), the README, the citation and licence, the joined PROVENANCE.md files and the
+  report's pages, so that `verify` checks them too.
 
 Where the crate sits: at the top of the workflow's working directory (the repository root), beside
 results/ and provenance/, not inside either. RO-Crate requires the main workflow file inside the crate
@@ -23,20 +30,27 @@ fragments record are relative to that directory (`base`), so they are the ids as
 outside it (an absolute path to a local copy of a data set) gets a local `#` id naming its path: it is
 described, with its hash, but not part of the crate's payload (RO-Crate 1.2's rule for such files).
 
-The crate states what the fragments state; `encoder-study provenance verify` re-hashes the files. Its
-own job's fragment is not in it (that fragment hashes the crate). Every list is sorted, so the same
-fragments give the same bytes.
+Absolute ids and urls for the workflow's own tools need a public address of its code: CITATION.cff's
+`repository-code` (else `url`). Without one the tools keep local `#tool-` ids, and the workflow claims
+no Bioschemas conformance (whose minimum includes a url).
+
+The crate states what the fragments state; `encoder-study provenance verify` re-hashes the files
+(`check` here re-hashes those the crate lists). Its own job's fragment is not in it (that fragment
+hashes the crate). Every list is sorted, so the same fragments give the same bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
 import re
-from collections.abc import Iterable
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import yaml
 
@@ -44,6 +58,8 @@ from . import files, provenance
 from .errors import UserError
 
 CRATE_NAME = "ro-crate-metadata.json"
+# The run's digest: the crate's SHA-256, in sha256sum's format (`sha256sum -c` checks it).
+DIGEST_NAME = "ro-crate-metadata.sha256"
 CONTEXT = ["https://w3id.org/ro/crate/1.1/context", "https://w3id.org/ro/terms/workflow-run/context"]
 RO_CRATE = "https://w3id.org/ro/crate/1.1"
 WORKFLOW_RO_CRATE = "https://w3id.org/workflowhub/workflow-ro-crate/1.0"
@@ -53,20 +69,32 @@ PROFILES = {
     "https://w3id.org/ro/wfrun/provenance/0.5": "Provenance Run Crate",
     WORKFLOW_RO_CRATE: "Workflow RO-Crate",
 }
+BIOSCHEMAS_WORKFLOW = "https://bioschemas.org/profiles/ComputationalWorkflow/1.0-RELEASE"
 SNAKEMAKE_LANGUAGE = "https://w3id.org/workflowhub/workflow-ro-crate#snakemake"
 SNAKEMAKE_URL = "https://snakemake.readthedocs.io"
+PYPI = "https://pypi.org/project/"
+PYTHON_URL = "https://www.python.org/"
+# The workflow's own package: its files are in the crate, its version is the workflow's.
+OWN_PACKAGE = "encoder-study"
 # A string, as the Workflow Run Crate examples write it and roc-validator checks it.
 COMPLETED = "http://schema.org/CompletedActionStatus"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
-# Media types of the files the workflow writes, by suffix; a fixed table rather than the mimetypes
-# module, whose answers depend on the machine's /etc/mime.types (the crate must not).
+# Media types of the files the workflow writes and is made of, by suffix (then by name); a fixed table
+# rather than the mimetypes module, whose answers depend on the machine's /etc/mime.types (the crate
+# must not). Anything else is application/octet-stream: every file gets an encodingFormat.
 MEDIA_TYPES = {
     ".csv": "text/csv", ".tsv": "text/tab-separated-values", ".md": "text/markdown", ".html": "text/html",
     ".json": "application/json", ".jsonl": "application/jsonl", ".txt": "text/plain",
     ".conllu": "text/plain", ".xml": "application/xml", ".png": "image/png", ".svg": "image/svg+xml",
     ".onnx": "application/octet-stream", ".safetensors": "application/octet-stream",
     ".pt": "application/octet-stream", ".zip": "application/zip", ".gz": "application/gzip",
+    ".py": "text/x-python", ".smk": "text/x-snakemake", ".yaml": "application/yaml",
+    ".yml": "application/yaml", ".cff": "application/yaml", ".toml": "application/toml",
+    ".sh": "application/x-sh", ".rst": "text/x-rst", ".sha256": "text/plain", ".log": "text/plain",
 }
+MEDIA_TYPES_BY_NAME = {"Snakefile": "text/x-snakemake", "LICENSE": "text/plain"}
+OTHER_MEDIA_TYPE = "application/octet-stream"
+UNKNOWN_AGENT = "unknown"
 
 
 class CrateError(UserError):
@@ -74,17 +102,28 @@ class CrateError(UserError):
 
 
 def media_type(path: str) -> dict:
-    """{"encodingFormat": ...} for a known suffix, else {}."""
-    found = MEDIA_TYPES.get(Path(path).suffix.lower())
-    return {"encodingFormat": found} if found else {}
+    """{"encodingFormat": ...} of a file, by its suffix, else its name, else octet-stream."""
+    name = Path(path).name
+    found = MEDIA_TYPES.get(Path(name).suffix.lower()) or MEDIA_TYPES_BY_NAME.get(name, OTHER_MEDIA_TYPE)
+    return {"encodingFormat": found}
 
 
 def ref(entity_id: str) -> dict:
     return {"@id": entity_id}
 
 
-def refs(ids: Iterable[str]) -> list[dict]:
-    return [ref(i) for i in sorted(set(ids))]
+def refs(ids: Iterable[str]) -> dict | list[dict]:
+    """References to `ids`, sorted, once each: one reference alone, not a list of one (RO-Crate 1.1's
+    JSON-LD recommendation)."""
+    found = [ref(i) for i in sorted(set(ids))]
+    return found[0] if len(found) == 1 else found
+
+
+def ids_of(value: dict | list[dict] | None) -> list[str]:
+    """The ids a property refers to, whether it holds one reference or a list (readers of the crate)."""
+    if value is None:
+        return []
+    return [v["@id"] for v in (value if isinstance(value, list) else [value])]
 
 
 def local_id(kind: str, name: str) -> str:
@@ -163,6 +202,58 @@ def read_fragments(fragments: Iterable[str | os.PathLike]) -> list[tuple[Path, d
     return found
 
 
+# -- who ran it, and what the crate describes beside the fragments ------------------------------------
+
+def git_author(base: str | os.PathLike) -> str | None:
+    """git's author identity in `base` ("Name <email>", as a commit there would record it), or None
+    when git is missing or has none."""
+    try:
+        found = subprocess.run(["git", "var", "GIT_AUTHOR_IDENT"], cwd=base, capture_output=True,
+                               text=True, check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.fullmatch(r"(.*>)\s+\d+\s+[+-]\d{4}", found)  # drop the time git appends
+    return match[1] if match else None
+
+
+def agent_entity(agent: str | None, base: str | os.PathLike) -> dict:
+    """The Person who ran the workflow, the agent of every action: `agent` ("Name", "Name <email>",
+    optionally with an ORCID URL), else git's author identity, else recorded as unknown."""
+    source = "given as the config's provenance.agent or --agent"
+    if not (agent or "").strip():
+        agent, source = git_author(base), "git's author identity where the crate was built"
+    if not agent:
+        return {"@id": local_id("agent", UNKNOWN_AGENT), "@type": "Person", "name": UNKNOWN_AGENT,
+                "description": "Who ran the workflow is not recorded: no provenance.agent in the config, "
+                               "no --agent, and no git author identity."}
+    orcid = re.search(r"https://orcid\.org/\d{4}-\d{4}-\d{4}-\d{3}[\dX]", agent)
+    text = agent.replace(orcid[0], "") if orcid else agent
+    match = re.fullmatch(r"\s*(.*?)\s*<([^<>\s]+)>\s*", text)
+    name, email = (match[1], match[2]) if match else (text.strip(), None)
+    name = name.strip(" ()") or (email or orcid[0])
+    entity = {"@id": orcid[0] if orcid else local_id("agent", name), "@type": "Person", "name": name,
+              "description": f"Ran the workflow ({source})."}
+    if email:
+        entity["email"] = email
+    return entity
+
+
+@dataclass
+class Sources:
+    """The files the crate describes beside the fragments, hashed when it is built: the workflow (the
+    Snakefile), its citation, licence and README, its code and configs, the documents made from the
+    fragments and results (joined PROVENANCE.md files, the report's pages), and the config files the
+    run was given (also inputs of the run)."""
+
+    workflow: Path
+    citation: Path
+    license: Path
+    readme: Path
+    code: list[Path] = dataclasses.field(default_factory=list)
+    documents: list[Path] = dataclasses.field(default_factory=list)
+    configfiles: list[Path] = dataclasses.field(default_factory=list)
+
+
 # -- the crate -------------------------------------------------------------------------------------
 
 def _file_id(path: str | os.PathLike, base: Path) -> tuple[str, bool]:
@@ -174,17 +265,6 @@ def _file_id(path: str | os.PathLike, base: Path) -> tuple[str, bool]:
     if relative == ".." or relative.startswith(".." + os.sep):
         return local_id("file", Path(full).as_posix()), False
     return quote(Path(relative).as_posix(), safe="/+-._~"), True
-
-
-def _hashed_file(path: Path, base: Path, name: str) -> tuple[dict, bool]:
-    """A file the command was given (a path from the working directory), hashed now."""
-    if not path.is_file():
-        raise CrateError(f"{path}: no such file; the crate describes it (run from the workflow's "
-                         "directory, after the rules that write it)")
-    entity_id, inside = _file_id(os.path.abspath(path), base)
-    entity = {"@id": entity_id, "@type": "File", "name": name, "contentSize": str(path.stat().st_size),
-              "sha256": files.sha256_file(path), **media_type(path.name)}
-    return entity, inside
 
 
 def _citation(path: Path) -> dict:
@@ -199,7 +279,16 @@ def _citation(path: Path) -> dict:
     return cff
 
 
+def code_url(cff: dict) -> str | None:
+    """Where the workflow's code is published: CITATION.cff's `repository-code`, else its `url`."""
+    for key in ("repository-code", "url"):
+        if str(cff.get(key, "")).startswith(("https://", "http://")):
+            return str(cff[key])
+    return None
+
+
 def _authors(cff: dict) -> list[dict]:
+    """The citation's authors; each one's `website` (CFF), else the code's address, as its url."""
     entities = []
     for i, author in enumerate(cff["authors"], 1):
         if "name" in author:  # an entity (a group), in CFF's terms
@@ -208,6 +297,9 @@ def _authors(cff: dict) -> list[dict]:
             names = [str(author[k]) for k in ("given-names", "family-names") if k in author]
             entity = {"@type": "Person", "name": " ".join(names)}
         entity["@id"] = author.get("orcid") or local_id("author", str(i))
+        url = author.get("website") or (code_url(cff) if entity["@type"] == "Organization" else None)
+        if url:
+            entity["url"] = str(url)
         entities.append(entity)
     return entities
 
@@ -217,16 +309,19 @@ def _one_or_all(values: Iterable[str]) -> str:
     return ", ".join(sorted(set(values)))
 
 
+def _pypi_id(name: str, version: str) -> str:
+    return f"{PYPI}{quote(name)}/{quote(version, safe='')}/"
+
+
 class _Graph:
     """The crate's entities by @id as they are added, the ids of the files in its payload (hasPart),
     and the @id of each file the fragments record, by its path as recorded."""
 
-    def __init__(self, base: Path) -> None:
-        self.base = base
+    def __init__(self, base: Path, tools_url: str | None) -> None:
+        self.base, self.tools_url, self.agent = base, tools_url, ""
         self.entities: dict[str, dict] = {}
         self.has_part: set[str] = set()
         self.file_ids: dict[str, str] = {}
-        self.libraries: dict[tuple[str, str], str] = {}
 
     def add(self, entity: dict) -> str:
         old = self.entities.get(entity["@id"])
@@ -240,12 +335,32 @@ class _Graph:
             self.has_part.add(entity["@id"])
         return self.add(entity)
 
+    def add_current(self, path: str | os.PathLike, name: str) -> str:
+        """A file hashed now (a path from the working directory); one a fragment records too keeps
+        that entity, and must still have the recorded bytes."""
+        path = Path(path)
+        if not path.is_file():
+            raise CrateError(f"{path}: no such file; the crate describes it (run from the workflow's "
+                             "directory, after the rules that write it)")
+        entity_id, inside = _file_id(os.path.abspath(path), self.base)
+        size, digest = path.stat().st_size, files.sha256_file(path)
+        known = self.entities.get(entity_id)
+        if known is not None:
+            if (known["contentSize"], known["sha256"]) != (str(size), digest):
+                raise CrateError(f"{path} changed after a job recorded it (sha256 {known['sha256']}, now "
+                                 f"{digest}): rerun the rules that read it (snakemake all)")
+            return entity_id
+        return self.add_file({"@id": entity_id, "@type": "File", "name": name, "contentSize": str(size),
+                              "sha256": digest, **media_type(path.name)}, inside)
+
     def library(self, name: str, version: str) -> str:
-        if (name, version) not in self.libraries:
-            self.libraries[(name, version)] = self.add({
-                "@id": local_id("software", f"{name}-{version}"), "@type": "SoftwareApplication",
-                "name": name, "softwareVersion": version})
-        return self.libraries[(name, version)]
+        """A library by its PyPI release (Python by python.org's)."""
+        if name == "python":
+            return self.add({"@id": f"{PYTHON_URL}downloads/release/python-{version.replace('.', '')}/",
+                             "@type": "SoftwareApplication", "name": "Python", "softwareVersion": version,
+                             "url": PYTHON_URL})
+        return self.add({"@id": _pypi_id(name, version), "@type": "SoftwareApplication", "name": name,
+                         "softwareVersion": version, "url": f"{PYPI}{quote(name)}/"})
 
     def add_recorded_files(self, records: list[tuple[Path, dict]]) -> None:
         """Every file a job read or wrote, once (by its normalised path: `a/../b` is `b`); two
@@ -271,30 +386,32 @@ class _Graph:
 
     def add_tool(self, rule: str, runs: list[tuple[Path, dict]]) -> tuple[str, str]:
         """(tool, step) ids of a rule: the command it runs, with the libraries its jobs recorded."""
-        tool_id, step_id = local_id("tool", rule), local_id("step", rule)
+        tool_id = f"{self.tools_url}#rule-{quote(rule)}" if self.tools_url else local_id("tool", rule)
+        step_id = local_id("step", rule)
         requirements = {self.library(n, v) for _, r in runs for n, v in r["libraries"].items()
-                        if v != "not installed"}
+                        if v != "not installed" and n != OWN_PACKAGE}
         requirements |= {self.library("python", r["machine"]["python"]) for _, r in runs
                          if "python" in r["machine"]}
-        self.add({
-            "@id": tool_id, "@type": "SoftwareApplication",
-            "name": f"rule {rule} (recipe {_one_or_all(r['recipe'] for _, r in runs)})",
-            "description": f"The `encoder-study` command that rule {rule} of the workflow runs.",
-            "softwareVersion": _one_or_all(r["version"] for _, r in runs),
-            "softwareRequirements": refs(requirements)})
+        tool = {"@id": tool_id, "@type": "SoftwareApplication",
+                "name": f"rule {rule} (recipe {_one_or_all(r['recipe'] for _, r in runs)})",
+                "description": f"The `encoder-study` command that rule {rule} of the workflow runs.",
+                "softwareVersion": _one_or_all(r["version"] for _, r in runs)}
+        if self.tools_url:
+            tool["url"] = self.tools_url
+        if requirements:
+            tool["softwareRequirements"] = refs(requirements)
+        self.add(tool)
         self.add({"@id": step_id, "@type": "HowToStep", "name": rule, "workExample": ref(tool_id)})
         return tool_id, step_id
 
-    def add_job(self, twin: Path, record: dict) -> tuple[str, str]:
+    def add_job(self, twin: Path, record: dict, tool_id: str) -> tuple[str, str]:
         """(job, control) ids of one job: its CreateAction, with its fragment's two files, its wall
         time and the ControlAction tying it to its rule's step."""
         rule, name = record["rule"], provenance.record_name(record)
         inputs = [self.file_ids[e["path"]] for e in record["files"] if e["role"] == "input"]
         outputs = [self.file_ids[e["path"]] for e in record["files"] if e["role"] == "output"]
-        markdown = provenance.twin(twin)
-        described = [
-            self.add_file(*_hashed_file(twin, self.base, f"Provenance fragment of {name} (JSON)")),
-            self.add_file(*_hashed_file(markdown, self.base, f"Provenance fragment of {name}"))]
+        described = [self.add_current(twin, f"Provenance fragment of {name} (JSON)"),
+                     self.add_current(provenance.twin(twin), f"Provenance fragment of {name}")]
         usage = self.add({"@id": local_id("seconds", name), "@type": "PropertyValue",
                           "propertyID": "wallclock", "name": "wall-clock seconds", "value": record["seconds"],
                           "unitCode": "SEC"})
@@ -302,16 +419,16 @@ class _Graph:
                "description": f"{record['command']} (code {provenance.describe_code(record['code'])}, "
                               f"encoder-study {record['version']}, {record['threads'] or 'default'} "
                               f"threads, on {record['machine'].get('cpu', 'unknown CPU')})",
-               "instrument": ref(local_id("tool", rule)), "startTime": record["started"],
+               "instrument": ref(tool_id), "agent": ref(self.agent), "startTime": record["started"],
                "endTime": record["finished"], "actionStatus": COMPLETED, "subjectOf": refs(described),
-               "resourceUsage": [ref(usage)]}
+               "resourceUsage": ref(usage),
+               # A job that writes nothing but its fragment (a check) made that record.
+               "result": refs(outputs or described)}
         if inputs:
             job["object"] = refs(inputs)
-        if outputs:
-            job["result"] = refs(outputs)
         job_id = self.add(job)
         control = self.add({"@id": local_id("control", name), "@type": "ControlAction",
-                            "name": f"{rule} step of the run: {name}",
+                            "name": f"{rule} step of the run: {name}", "agent": ref(self.agent),
                             "instrument": ref(local_id("step", rule)), "object": ref(job_id),
                             "actionStatus": COMPLETED})
         return job_id, control
@@ -327,63 +444,113 @@ class _Graph:
         language = self.add({"@id": SNAKEMAKE_LANGUAGE, "@type": "ComputerLanguage", "name": "Snakemake",
                              "identifier": ref(SNAKEMAKE_URL), "url": ref(SNAKEMAKE_URL),
                              "version": _one_or_all(versions)})
-        engines = [self.add({"@id": local_id("engine", f"snakemake-{v}"), "@type": "SoftwareApplication",
-                             "name": "Snakemake", "softwareVersion": v, "url": ref(SNAKEMAKE_URL)})
-                   for v in versions]
-        return language, engines
+        return language, [self.library("snakemake", v) for v in versions]
 
 
-def _add_sources(graph: _Graph, cff: dict, workflow: Path, license_file: Path) -> tuple[dict, str]:
-    """The workflow's File entity (completed by `build` once the steps are known) and the licence's
-    id, with the licence text as a file of the crate."""
-    workflow_entity, inside = _hashed_file(workflow, graph.base, workflow.name)
+def _add_sources(graph: _Graph, cff: dict, sources: Sources) -> tuple[dict, str]:
+    """The workflow's File entity (completed by `build` once the steps are known), the licence's id,
+    and every file `sources` names beside them, hashed now."""
+    workflow_id, inside = _file_id(os.path.abspath(sources.workflow), graph.base)
     if not inside:
-        raise CrateError(f"{workflow}: the workflow must lie inside the crate's root {graph.base} "
+        raise CrateError(f"{sources.workflow}: the workflow must lie inside the crate's root {graph.base} "
                          "(Workflow RO-Crate requires the main workflow file in the crate)")
-    licence_entity, inside = _hashed_file(license_file, graph.base, "Licence of the workflow's code")
-    graph.add_file(licence_entity, inside)
+    graph.add_current(sources.workflow, sources.workflow.name)
+    workflow_entity = graph.entities.pop(workflow_id)
+    graph.add_current(sources.license, "Licence of the workflow's code")
+    graph.add_current(sources.citation, "Citation of the workflow (Citation File Format)")
+    readme = graph.add_current(sources.readme, "README of the workflow")
+    if readme == "README.md":  # Workflow RO-Crate: the README at the top is about the crate
+        graph.entities[readme]["about"] = ref("./")
+    for path in sources.code:
+        graph.add_current(path, "Workflow code or configuration (hashed when the crate was built)")
+    for path in sources.configfiles:
+        graph.add_current(path, "Config file the run was given")
+    for path in sources.documents:
+        kind = "Joined provenance fragments" if path.name == provenance.JOINED_NAME else "Report page"
+        graph.add_current(path, f"{kind} (hashed when the crate was built)")
     licence = graph.add({"@id": f"https://spdx.org/licenses/{quote(str(cff['license']))}",
                          "@type": "CreativeWork", "name": f"{cff['license']} licence",
                          "identifier": str(cff["license"])})
     return workflow_entity, licence
 
 
-def _add_run(graph: _Graph, all_records: list[dict], workflow_id: str, title: str, engines: list[str],
-             controls: list[str]) -> None:
-    """The run as a CreateAction of the workflow (object: files no job wrote; result: files no job
-    read) and Snakemake's OrganizeAction of it."""
+def _add_parameter(graph: _Graph, name: str, description: str, examples: set[str]) -> str | None:
+    """A FormalParameter of the workflow whose values (files) name it as exampleOfWork."""
+    if not examples:
+        return None
+    param = graph.add({"@id": local_id("param", name), "@type": "FormalParameter", "name": name,
+                       "description": description, "additionalType": "File", "workExample": refs(examples)})
+    for entity_id in examples:
+        graph.entities[entity_id]["exampleOfWork"] = ref(param)
+    return param
+
+
+def _add_run(graph: _Graph, all_records: list[dict], workflow: dict, engines: list[str],
+             controls: list[str], configfiles: list[str]) -> None:
+    """The run as a CreateAction of the workflow (object: files no job wrote and the config files;
+    result: files no job read), its two parameters on the workflow, and Snakemake's OrganizeAction."""
     started = min(r["started"] for r in all_records)
     finished = max(r["finished"] for r in all_records)
     read = {graph.file_ids[e["path"]] for r in all_records for e in r["files"] if e["role"] == "input"}
     written = {graph.file_ids[e["path"]] for r in all_records for e in r["files"] if e["role"] == "output"}
-    run = {"@id": "#run", "@type": "CreateAction", "name": f"Run of {title}",
+    used, left = (read - written) | set(configfiles), written - read
+    run = {"@id": "#run", "@type": "CreateAction", "name": f"Run of {workflow['name']}",
            "description": f"The jobs of {len(all_records)} provenance fragments: every file they read and "
                           "wrote, with its SHA-256.",
-           "instrument": ref(workflow_id), "startTime": started, "endTime": finished,
-           "actionStatus": COMPLETED}
-    if read - written:
-        run["object"] = refs(read - written)
-    if written - read:
-        run["result"] = refs(written - read)
+           "instrument": ref(workflow["@id"]), "agent": ref(graph.agent), "startTime": started,
+           "endTime": finished, "actionStatus": COMPLETED}
+    if used:
+        run["object"] = refs(used)
+    if left:
+        run["result"] = refs(left)
     graph.add(run)
+    for key, name, description, examples in (
+            ("input", "inputs", "Files the run read that no job wrote: sources, configs, architectures.",
+             used),
+            ("output", "results", "Files the run wrote that no job read: its tables, plots and models.",
+             left)):
+        param = _add_parameter(graph, name, description, examples)
+        if param:
+            workflow[key] = ref(param)
     graph.add({"@id": "#organize", "@type": "OrganizeAction", "name": "Snakemake's orchestration of the run",
                "instrument": refs(engines), "result": ref("#run"), "object": refs(controls),
-               "startTime": started, "endTime": finished, "actionStatus": COMPLETED})
+               "agent": ref(graph.agent), "startTime": started, "endTime": finished,
+               "actionStatus": COMPLETED})
 
 
-def build(records: list[tuple[Path, dict]], base: str | os.PathLike, workflow: str | os.PathLike,
-          citation: str | os.PathLike, license_file: str | os.PathLike) -> dict:
+def _describe_workflow(workflow: dict, cff: dict, all_records: list[dict], graph: _Graph,
+                       parts: dict[str, list[str] | str]) -> None:
+    """The Snakefile as the workflow: name, version, language, licence, authors, tools and steps; and,
+    with a published address of its code, the rest of Bioschemas' ComputationalWorkflow minimum."""
+    workflow.update({
+        "@type": ["File", "SoftwareSourceCode", "ComputationalWorkflow", "HowTo"],
+        "name": str(cff["title"]), "version": _one_or_all(r["version"] for r in all_records),
+        "programmingLanguage": ref(parts["language"]), "license": ref(parts["licence"]),
+        "author": refs(parts["authors"]), "creator": refs(parts["authors"]),
+        "sdPublisher": ref(graph.agent), "hasPart": refs(parts["tools"]), "step": refs(parts["steps"])})
+    if cff.get("date-released"):
+        workflow["dateCreated"] = str(cff["date-released"])
+    url = code_url(cff)
+    if url:
+        workflow["url"] = url
+        if "dateCreated" in workflow and "input" in workflow and "output" in workflow:
+            workflow["conformsTo"] = ref(BIOSCHEMAS_WORKFLOW)
+
+
+def build(records: list[tuple[Path, dict]], base: str | os.PathLike, sources: Sources,
+          agent: str | None = None) -> dict:
     """The crate (JSON-ready) describing the jobs of `records` (`read_fragments`).
 
     `base` is the crate's root and the folder the recorded paths are relative to (the workflow's
-    working directory); `workflow` the Snakefile, `citation` CITATION.cff (title, authors, licence),
-    `license_file` the licence text; the last three are described as files of the crate.
+    working directory); `sources` the files described beside the fragments (`Sources`); `agent` who
+    ran the workflow (`agent_entity`).
     """
-    graph = _Graph(Path(base))
-    cff = _citation(Path(citation))
+    cff = _citation(Path(sources.citation))
+    graph = _Graph(Path(base), code_url(cff))
+    graph.agent = graph.add(agent_entity(agent, base))
     authors = [graph.add(a) for a in _authors(cff)]
-    workflow_entity, licence = _add_sources(graph, cff, Path(workflow), Path(license_file))
     graph.add_recorded_files(records)
+    workflow, licence = _add_sources(graph, cff, sources)
     by_rule: dict[str, list[tuple[Path, dict]]] = {}
     for twin, record in records:
         by_rule.setdefault(record["rule"], []).append((twin, record))
@@ -393,31 +560,35 @@ def build(records: list[tuple[Path, dict]], base: str | os.PathLike, workflow: s
         tools.append(tool_id)
         steps.append(step_id)
         for twin, record in runs:
-            job_id, control_id = graph.add_job(twin, record)
+            job_id, control_id = graph.add_job(twin, record, tool_id)
             jobs.append(job_id)
             controls.append(control_id)
 
     all_records = [r for _, r in records]
     language, engines = graph.add_snakemake(all_records)
-    workflow_entity.update({
-        "@type": ["File", "SoftwareSourceCode", "ComputationalWorkflow", "HowTo"],
-        "name": str(cff["title"]), "version": _one_or_all(r["version"] for r in all_records),
-        "programmingLanguage": ref(language), "license": ref(licence), "author": refs(authors),
-        "hasPart": refs(tools), "step": refs(steps)})
-    graph.add_file(workflow_entity, True)
-    _add_run(graph, all_records, workflow_entity["@id"], cff["title"], engines, controls)
+    workflow["name"] = str(cff["title"])
+    configfiles = [_file_id(os.path.abspath(p), graph.base)[0] for p in sources.configfiles]
+    _add_run(graph, all_records, workflow, engines, controls, configfiles)
+    _describe_workflow(workflow, cff, all_records, graph, {"language": language, "licence": licence,
+                       "authors": authors, "tools": tools, "steps": steps})
+    graph.add_file(workflow, True)
     for profile, name in PROFILES.items():
         graph.add({"@id": profile, "@type": "CreativeWork", "name": name,
                    "version": profile.rsplit("/", 1)[1]})
+    if "conformsTo" in workflow:
+        graph.add({"@id": BIOSCHEMAS_WORKFLOW, "@type": "CreativeWork",
+                   "name": "Bioschemas ComputationalWorkflow profile", "version": "1.0-RELEASE"})
 
     root = {"@id": "./", "@type": "Dataset", "name": f"{cff['title']}: a run",
-            "description": f"Workflow Run RO-Crate of a run of the workflow {workflow_entity['@id']}: "
+            "description": f"Workflow Run RO-Crate of a run of the workflow {workflow['@id']}: "
                            f"{len(by_rule)} rules, {len(all_records)} jobs, "
                            f"{len(set(graph.file_ids.values()))} files. "
-                           "Each job's provenance fragment (provenance/) is part of the crate.",
+                           "Each job's provenance fragment (provenance/) is part of the crate; so are "
+                           "the workflow's code and configs, the joined PROVENANCE.md files and the "
+                           "report's pages, hashed when the crate was built.",
             "datePublished": max(r["finished"] for r in all_records), "license": ref(licence),
             "author": refs(authors), "publisher": refs(authors), "conformsTo": refs(PROFILES),
-            "mainEntity": ref(workflow_entity["@id"]),
+            "mainEntity": ref(workflow["@id"]),
             "hasPart": refs(graph.has_part), "mentions": refs([*jobs, "#run"])}
     descriptor = {"@id": CRATE_NAME, "@type": "CreativeWork", "about": ref("./"),
                   "conformsTo": refs([RO_CRATE, WORKFLOW_RO_CRATE])}
@@ -429,10 +600,10 @@ def text(crate: dict) -> str:
     return json.dumps(crate, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def write(fragments: Iterable[str | os.PathLike], base: str | os.PathLike, workflow: str | os.PathLike,
-          citation: str | os.PathLike, license_file: str | os.PathLike, target: str | os.PathLike) -> dict:
+def write(fragments: Iterable[str | os.PathLike], base: str | os.PathLike, sources: Sources,
+          target: str | os.PathLike, agent: str | None = None) -> dict:
     """Read and check the fragments, build the crate, write it atomically; returns the crate."""
-    crate = build(read_fragments(fragments), base, workflow, citation, license_file)
+    crate = build(read_fragments(fragments), base, sources, agent)
     files.write_text(target, text(crate))
     return crate
 
@@ -442,3 +613,76 @@ def files_of(crate: dict) -> dict[str, dict]:
     def types(e: dict) -> list:
         return e["@type"] if isinstance(e["@type"], list) else [e["@type"]]
     return {e["@id"]: e for e in crate["@graph"] if "File" in types(e)}
+
+
+# -- the run's digest, and checking files against the crate ------------------------------------------
+
+def digest_line(crate_path: str | os.PathLike) -> tuple[str, str]:
+    """(digest, line): the crate's SHA-256 and the line of its digest file, as sha256sum writes it."""
+    digest = files.sha256_file(crate_path)
+    return digest, f"{digest}  {Path(crate_path).name}\n"
+
+
+def entity_path(entity: dict, base: str | os.PathLike) -> Path:
+    """Where a File entity of the crate lies: its id as a path under `base`, or for a file outside
+    the crate (a `#file-` id) the absolute path its name holds."""
+    if entity["@id"].startswith("#"):
+        return Path(entity["name"])
+    return Path(base) / unquote(entity["@id"])
+
+
+def read(crate_path: str | os.PathLike) -> dict:
+    crate = files.read_json(crate_path, "the run crate", "rebuild it: snakemake --cores 1 all",
+                            kind=dict, error=CrateError)
+    if not isinstance(crate.get("@graph"), list):
+        raise CrateError(f"{crate_path}: no @graph; not a run crate (rebuild it: snakemake --cores 1 all)")
+    return crate
+
+
+def check(crate_path: str | os.PathLike, base: str | os.PathLike,
+          sha256: Callable[[Path], str] = files.sha256_file) -> list[str]:
+    """One line per File of the crate whose bytes are not those the crate records, or that is missing
+    (empty: every file matches). `sha256` hashes a file (verify passes one that reads each file once)."""
+    problems = []
+    for entity_id, entity in sorted(files_of(read(crate_path)).items()):
+        path = entity_path(entity, base)
+        if not path.is_file():
+            problems.append(f"{crate_path}: {entity_id} is missing")
+            continue
+        actual = sha256(path)
+        if actual != entity.get("sha256"):
+            problems.append(f"{crate_path}: {entity_id} changed: the crate records sha256 "
+                            f"{entity.get('sha256')} ({entity.get('contentSize')} bytes), now {actual} "
+                            f"({path.stat().st_size} bytes); if a rule ran again since, `snakemake all` "
+                            "rebuilds the crate (and its digest)")
+    return problems
+
+
+def check_digest(crate_path: str | os.PathLike, expected: str) -> list[str]:
+    """One line when the crate is missing or its SHA-256 is not the digest `expected` (from a paper)."""
+    expected = expected.strip().lower()
+    if not SHA256.match(expected):
+        raise CrateError(f"--digest {expected!r}: not a SHA-256 in hex (64 characters 0-9a-f)")
+    if not Path(crate_path).is_file():
+        return [f"{crate_path} is missing: the digest names a run crate; run `snakemake all` or restore it"]
+    actual = files.sha256_file(crate_path)
+    if actual != expected:
+        return [f"{crate_path}: its SHA-256 is {actual}, not the digest {expected}: this is not the run "
+                "the digest names (the crate, and so possibly any file it lists, was changed)"]
+    return []
+
+
+class OnceHasher:
+    """`sha256(path)` that reads each file once (by device and inode) however often it is asked,
+    through `cache` (a provenance.HashCache, `verify --fast`) when given: verify hashes the files the
+    fragments name and then those the crate lists, mostly the same files."""
+
+    def __init__(self, cache: provenance.HashCache | None = None) -> None:
+        self.cache, self.known = cache, {}
+
+    def sha256(self, path: Path) -> str:
+        stat = Path(path).stat()
+        key = (stat.st_dev, stat.st_ino)
+        if key not in self.known:
+            self.known[key] = self.cache.sha256(Path(path)) if self.cache else files.sha256_file(path)
+        return self.known[key]

@@ -3,10 +3,11 @@ file the fragments' JSON twins name, the chain of jobs behind a file or one row 
 run's Workflow Run RO-Crate (library: encoder_study.crate).
 
     encoder-study provenance join --recipe student --out provenance/student/PROVENANCE.md FRAGMENT...
-    encoder-study provenance verify --root provenance --base . [--env] [--fast]
+    encoder-study provenance verify --root provenance --base . [--digest HEX] [--env] [--fast]
     encoder-study provenance explain results/tagging/scores.csv --row minilm-finetuned,test
     encoder-study provenance crate --base . --workflow Snakefile --citation CITATION.cff \\
-        --license LICENSE --out ro-crate-metadata.json --provenance FRAGMENT FRAGMENT...
+        --license LICENSE --readme README.md --out ro-crate-metadata.json --provenance FRAGMENT \\
+        FRAGMENT... [--agent 'Name <email>'] [--code FILE...] [--documents FILE...] [--configfiles FILE...]
 """
 
 from __future__ import annotations
@@ -25,8 +26,13 @@ def join(args) -> int:
 
 def verify(args) -> int:
     """Status 1 and one line per difference on stderr when a file changed or is missing."""
+    from .. import crate as run_crate
+
     cache = provenance.HashCache(Path(args.base) / provenance.FAST_CACHE) if args.fast else None
-    problems = provenance.verify(args.root, args.base, env=args.env, cache=cache)
+    hasher = run_crate.OnceHasher(cache)  # the crate lists the fragments' files again: read them once
+    problems = provenance.verify(args.root, args.base, env=args.env, cache=hasher)
+    crate_path = Path(args.crate) if args.crate else Path(args.base) / run_crate.CRATE_NAME
+    crate_note = crate_problems(args, crate_path, hasher, problems)
     if cache is not None:
         cache.save()
     if problems:
@@ -38,8 +44,25 @@ def verify(args) -> int:
           f"{args.root} matches its SHA-256"
           + ("; the recorded library and Python versions are the installed ones" if args.env else "")
           + (f"; --fast: {cache.hits} file(s) not read again (size, times and inode as when hashed), "
-             f"{cache.hashed} hashed" if cache is not None else ""))
+             f"{cache.hashed} hashed" if cache is not None else "") + f"; {crate_note}")
     return 0
+
+
+def crate_problems(args, crate_path: Path, hasher, problems: list[str]) -> str:
+    """Check the run crate (against `--digest` first, when given), adding its differences to
+    `problems`; what the check covered, for the closing line."""
+    from .. import crate as run_crate
+
+    if args.digest:
+        problems += run_crate.check_digest(crate_path, args.digest)
+    if not crate_path.is_file():
+        return (f"no run crate ({crate_path}): the joined PROVENANCE.md files, the report's pages and the "
+                "workflow's code are checked against the crate `all` writes")
+    listed = run_crate.check(crate_path, args.base, hasher.sha256)
+    problems += listed
+    count = len(run_crate.files_of(run_crate.read(crate_path)))
+    anchor = f"the crate is the one digest {args.digest.strip().lower()} names, and " if args.digest else ""
+    return f"{anchor}the {count} file(s) the run crate {crate_path} lists match it"
 
 
 def explain(args) -> int:
@@ -54,14 +77,27 @@ def crate(args) -> int:
     from .. import crate as run_crate
     from .. import files
 
-    with provenance.Fragment(args.provenance, provenance.settings(args, ("fragments",))) as frag:
+    sources = run_crate.Sources(
+        workflow=Path(args.workflow), citation=Path(args.citation), license=Path(args.license),
+        readme=Path(args.readme), code=[Path(p) for p in args.code],
+        documents=[Path(p) for p in args.documents], configfiles=[Path(p) for p in args.configfiles])
+    skip = ("fragments", "code", "documents", "configfiles")
+    with provenance.Fragment(args.provenance, provenance.settings(args, skip)) as frag:
         records = run_crate.read_fragments(args.fragments)
-        frag.inputs += [twin for twin, _ in records] + [args.workflow, args.citation, args.license]
-        built = run_crate.build(records, args.base, args.workflow, args.citation, args.license)
+        frag.inputs += [twin for twin, _ in records] + [args.workflow, args.citation, args.license,
+                                                         args.readme, *args.code, *args.documents,
+                                                         *args.configfiles]
+        built = run_crate.build(records, args.base, sources, args.agent)
         files.write_text(args.out, run_crate.text(built))
-        frag.outputs.append(args.out)
-        frag.note(f"{len(records)} jobs and {len(run_crate.files_of(built))} files described")
+        digest, line = run_crate.digest_line(args.out)
+        digest_out = args.digest_out or str(Path(args.out).with_name(run_crate.DIGEST_NAME))
+        files.write_text(digest_out, line)
+        frag.outputs += [args.out, digest_out]
+        frag.note(f"{len(records)} jobs and {len(run_crate.files_of(built))} files described; "
+                  f"the run's digest (the crate's SHA-256) is {digest}")
     print(f"crate: {args.out} describes {len(records)} jobs")
+    print(f"run digest: {digest} (SHA-256 of {args.out}, also in {digest_out}; cite it with the commit, "
+          f"{provenance.describe_code(provenance.code_state(args.base))})")
     return 0
 
 
@@ -80,6 +116,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--base", required=True, help="the folder the recorded paths are relative to: .")
     p.add_argument("--env", action="store_true",
                    help="also compare the recorded library and Python versions with the installed ones")
+    p.add_argument("--digest", help="the run's digest as a paper cites it: the run crate's SHA-256 must be "
+                                     "this before its files are checked against it")
+    p.add_argument("--crate", help="the run crate (default: ro-crate-metadata.json under --base); when it "
+                                   "exists, every file it lists is checked too")
     p.add_argument("--fast", action="store_true",
                    help=f"do not read again a file whose size, mtime, ctime and inode are as when it was "
                         f"hashed (kept in <base>/{provenance.FAST_CACHE}); without it every file is read")
@@ -97,6 +137,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workflow", required=True, help="the Snakefile, inside --base")
     p.add_argument("--citation", required=True, help="CITATION.cff: the title, authors and licence")
     p.add_argument("--license", required=True, help="the licence's text: LICENSE")
+    p.add_argument("--readme", required=True, help="README.md, inside --base (described as about the crate)")
+    p.add_argument("--agent", help="who runs the workflow: 'Name', 'Name <email>', optionally with an "
+                                   "ORCID URL; default: git's author identity, else recorded as unknown")
+    p.add_argument("--code", nargs="*", default=[], help="the workflow's code and config files, hashed now")
+    p.add_argument("--documents", nargs="*", default=[],
+                   help="the joined PROVENANCE.md files and the report's pages, hashed now")
+    p.add_argument("--configfiles", nargs="*", default=[], help="the config files the run was given")
+    p.add_argument("--digest-out", help="where the run's digest goes (default: ro-crate-metadata.sha256 "
+                                        "beside --out)")
     p.add_argument("--out", required=True, help="the crate: <base>/ro-crate-metadata.json (its ids are "
                                                 "relative to --base, so elsewhere it is only a copy)")
     provenance.add_arguments(p)
