@@ -62,9 +62,15 @@ def file_record(path: str | os.PathLike, relative_to: str | os.PathLike | None =
     return {"path": name, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
+# Every file check_file has read, in order: a file checked against a recorded hash is one the job reads,
+# so provenance.Fragment lists these among its inputs (the weights a source.json names, say).
+CHECKED: dict[Path, None] = {}  # an ordered set
+
+
 def check_file(path: str | os.PathLike, expected_sha256: str, what: str = "file") -> None:
-    """Raise IntegrityError naming the file, the expected and the actual SHA-256."""
+    """Raise IntegrityError naming the file, the expected and the actual SHA-256; note it in CHECKED."""
     path = Path(path)
+    CHECKED[path] = None
     if not path.exists():
         raise IntegrityError(f"{what} {path} is missing (expected SHA-256 {expected_sha256})")
     actual = sha256_file(path)

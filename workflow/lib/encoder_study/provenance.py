@@ -37,6 +37,9 @@ FILES_HEADING = "## Files"
 JOINED_NAME = "PROVENANCE.md"
 # Marks a JSON file as a fragment's twin (other JSON may live under provenance/ one day).
 RECORD_FORMAT = "encoder-study provenance fragment 1"
+# The complete environments fragments name live in <fragments' root>/environments/<sha256>.json.
+ENVIRONMENTS = "environments"
+ENVIRONMENT_FORMAT = "encoder-study environment 1"
 
 
 class ProvenanceError(UserError):
@@ -51,6 +54,45 @@ def library_versions(names: Iterable[str] = LIBRARIES) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
+
+
+def canonical_name(name: str) -> str:
+    """A distribution's name as pip compares names (PEP 503): `Huggingface_Hub` is `huggingface-hub`."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def distributions() -> dict[str, str]:
+    """Every installed distribution (canonical name -> version), as importlib.metadata finds them: where
+    one is installed twice, the first on sys.path, the one `import` and metadata.version see."""
+    found: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(canonical_name(name), dist.version)
+    return dict(sorted(found.items()))
+
+
+def environment_file(root: str | os.PathLike) -> tuple[dict, str]:
+    """The complete environment (Python and every distribution) as the text of its file under
+    `<root>/environments/`, named by its SHA-256, and the fragment's entry pointing at it.
+
+    Every job of a run in one environment names the same file, so the run records it once; a job
+    elsewhere (another node, another venv) names its own. Fragments keep their short `libraries`."""
+    found = distributions()
+    text = json.dumps({"format": ENVIRONMENT_FORMAT, "python": sys.version.split()[0],
+                       "distributions": found}, indent=1, sort_keys=True) + "\n"
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    path = normal_path(Path(root) / ENVIRONMENTS / f"{digest}.json")
+    return {"path": path.as_posix(), "sha256": digest, "distributions": len(found)}, text
+
+
+def read_environment(path: str | os.PathLike) -> dict:
+    """An environment file (`environment_file`); ProvenanceError when it is not one."""
+    data = files.read_json(path, "a run's environment file", "rerun a rule to write it again",
+                           kind=dict, error=ProvenanceError)
+    if data.get("format") != ENVIRONMENT_FORMAT or not isinstance(data.get("distributions"), dict):
+        raise ProvenanceError(f"{path}: not an environment file (no \"format\": \"{ENVIRONMENT_FORMAT}\")")
+    return data
 
 
 def code_state(root: str | os.PathLike = ".") -> dict:
@@ -189,6 +231,20 @@ def _expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return out
 
 
+def normal_path(path: str | os.PathLike) -> Path:
+    """`path` without `..` segments, naming the same file: `a/x/../b` is `a/b` unless `x` is a link
+    (then the real path, relative to the working directory when it lies inside it)."""
+    path = Path(path)
+    if ".." not in path.parts:
+        return path
+    plain = Path(os.path.normpath(path))
+    if not path.exists() or (plain.exists() and os.path.samefile(path, plain)):
+        return plain  # the same file, or nothing there to follow
+    real = Path(os.path.realpath(path))
+    inside = Path(os.path.relpath(real))
+    return real if path.is_absolute() or ".." in inside.parts else inside
+
+
 class Fragment:
     """Collects what one rule did and writes its fragment atomically.
 
@@ -211,6 +267,7 @@ class Fragment:
 
     def __enter__(self) -> Fragment:
         self.started = dt.datetime.now(dt.UTC)
+        files.CHECKED.clear()  # what the job checks from here on is what it reads (file_rows)
         self._t0 = time.perf_counter()
         return self
 
@@ -218,6 +275,7 @@ class Fragment:
         if exc_type is None:
             self.write()
         _USED.clear()  # the device facts belong to this fragment; a next one in the process starts afresh
+        files.CHECKED.clear()
         return False
 
     def table(self, title: str, markdown: str) -> None:
@@ -233,13 +291,7 @@ class Fragment:
         if program in ("cli.py", "encoder-study"):  # the entry point re-executes itself as cli.py
             program = "encoder-study"
         argv = [program, *self.argv[1:]] if self.argv else []
-        file_rows = []
-        for role, paths in (("input", self.inputs), ("output", self.outputs)):
-            for p in _expand(paths):
-                if p.resolve() in (self.path.resolve(), twin(self.path).resolve()):
-                    continue
-                file_rows.append({"role": role, "path": p.as_posix(), "bytes": p.stat().st_size,
-                                  "sha256": files.sha256_file(p)})
+        self._environment = environment_file(self.path.parent.parent)
         return {
             "format": RECORD_FORMAT,
             "rule": self.rule,
@@ -258,10 +310,33 @@ class Fragment:
             "device": device(),
             "settings": {k: _jsonable(v) for k, v in sorted(self.settings.items())},
             "libraries": library_versions(),
-            "files": file_rows,
+            "environment": self._environment[0],
+            "files": self.file_rows(),
             "tables": [{"title": t, "markdown": m} for t, m in self.tables],
             "notes": list(self.notes),
         }
+
+    def file_rows(self) -> list[dict]:
+        """Each input, then each output, once, with its bytes and SHA-256; paths without `..`.
+
+        The inputs are those the command named and every file it checked against a recorded hash
+        (files.CHECKED: a model's weights behind its source.json, an export behind a pipeline), but
+        not a checked file the job itself wrote."""
+        own = {self.path.resolve(), twin(self.path).resolve()}
+        outputs = [normal_path(p) for p in _expand(self.outputs)]
+        written = {p.resolve() for p in outputs}
+        checked = [p for p in files.CHECKED if p.is_file() and p.resolve() not in written]
+        inputs = [normal_path(p) for p in _expand([*self.inputs, *checked])]
+        rows = []
+        for role, paths in (("input", inputs), ("output", outputs)):
+            seen = set(own)
+            for p in paths:
+                if p.resolve() in seen:
+                    continue
+                seen.add(p.resolve())
+                rows.append({"role": role, "path": p.as_posix(), "bytes": p.stat().st_size,
+                             "sha256": files.sha256_file(p)})
+        return rows
 
     def render(self, record: dict | None = None) -> str:
         return render(self.record() if record is None else record)
@@ -270,6 +345,10 @@ class Fragment:
         """The Markdown first, then its twin, which names the Markdown's SHA-256: a twin exists only
         beside the finished Markdown it describes."""
         record = self.record()
+        entry, environment_text = self._environment
+        target = Path(entry["path"])
+        if not (target.is_file() and files.sha256_file(target) == entry["sha256"]):
+            files.write_text(target, environment_text)  # one file per environment, shared by fragments
         text = render(record)
         files.write_text(self.path, text)
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -440,6 +519,8 @@ def verify(root: str | os.PathLike, base: str | os.PathLike, env: bool = False,
             hashed[key] = cache.sha256(target) if cache is not None else files.sha256_file(target)
         return hashed[key]
 
+    environments: dict[Path, str] = {}  # a few small files every fragment names: read each once
+
     markdown = fragments_under(root)
     try:
         records = records_under(root)
@@ -460,6 +541,7 @@ def verify(root: str | os.PathLike, base: str | os.PathLike, env: bool = False,
                             f"rerun its rule")
         if not record["files"]:
             problems.append(f"{path}: names no files")
+        problems += _environment_problems(path, record, base, environments)
         for entry in record["files"]:
             name, size, digest = entry["path"], entry["bytes"], entry["sha256"]
             target = Path(base) / name
@@ -476,8 +558,26 @@ def verify(root: str | os.PathLike, base: str | os.PathLike, env: bool = False,
                 problems.append(f"{path}: {name} changed: recorded sha256 {digest} ({size} bytes), "
                                 f"now {actual} ({target.stat().st_size} bytes){hint}")
     if env:
-        problems += environment_differences([r for _, r in records])
+        problems += environment_differences([r for _, r in records], base=base)
     return problems
+
+
+def _environment_problems(path: Path, record: dict, base: str | os.PathLike, hashed: dict[Path, str]
+                          ) -> list[str]:
+    """The environment file a twin names, missing or not the one it names (twins written before
+    environment files existed name none). `hashed` keeps each file's SHA-256 across calls."""
+    entry = record.get("environment")
+    if entry is None:
+        return []
+    target = Path(base) / entry["path"]
+    if not target.is_file():
+        return [f"{path}: its environment file {entry['path']} is missing; rerun its rule"]
+    if target not in hashed:
+        hashed[target] = files.sha256_file(target)
+    if hashed[target] != entry["sha256"]:
+        return [f"{path}: its environment file {entry['path']} changed: recorded sha256 {entry['sha256']}, "
+                f"now {hashed[target]}"]
+    return []
 
 
 def record_name(record: dict) -> str:
@@ -486,28 +586,68 @@ def record_name(record: dict) -> str:
 
 
 def environment_differences(records: list[dict], installed: dict[str, str] | None = None,
-                            python: str | None = None) -> list[str]:
+                            python: str | None = None, base: str | os.PathLike = ".") -> list[str]:
     """One line per library (and Python) whose recorded version differs from the installed one.
 
     Fragments may record different versions (jobs on other machines): each recorded version that
-    differs is named with how many fragments and one example. `installed`/`python` default to now.
+    differs is named with how many fragments and one example. Then the complete environments the
+    fragments name (`environment_file`), each compared with the installed distributions: every
+    version that differs, every distribution recorded but gone and every one installed since
+    (`complete_differences`). `installed` (every distribution, canonical names) and `python` default
+    to now.
     """
+    if installed is None:
+        installed = distributions()
     python = python or sys.version.split()[0]
+    lines = _library_differences(records, installed, python)
+    named = {line.split(":", 1)[0] for line in lines}
+    return lines + [line for line in complete_differences(records, installed, python, base)
+                    if line.split(":", 1)[0] not in named]
+
+
+def _library_differences(records: list[dict], installed: dict[str, str], python: str) -> list[str]:
+    """environment_differences for the short `libraries` list each fragment carries."""
     recorded: dict[str, dict[str, list[str]]] = {}
     for record in records:
         name = record_name(record)
         versions = {**record["libraries"], "python": record["machine"].get("python", "unknown")}
         for package, version in versions.items():
             recorded.setdefault(package, {}).setdefault(version, []).append(name)
-    if installed is None:
-        installed = library_versions(p for p in recorded if p != "python")
-    now = {**installed, "python": python}
+    now = {**{p: installed.get(canonical_name(p), "not installed") for p in recorded}, "python": python}
     lines = []
     for package in sorted(recorded):
         for version, names in sorted(recorded[package].items()):
             if version != now.get(package, "not installed"):
                 lines.append(f"{package}: recorded {version} by {len(names)} fragment(s) (e.g. {names[0]}), "
                              f"installed now {now.get(package, 'not installed')}")
+    return lines
+
+
+def complete_differences(records: list[dict], installed: dict[str, str], python: str,
+                         base: str | os.PathLike = ".") -> list[str]:
+    """Each complete environment the fragments name against `installed` (canonical name -> version)
+    and `python`: one line per difference, naming the file and how many fragments ran in it."""
+    users: dict[str, list[str]] = {}
+    for record in records:
+        if record.get("environment"):
+            users.setdefault(record["environment"]["path"], []).append(record_name(record))
+    lines = []
+    for path, names in sorted(users.items()):
+        where = f"in {path} ({len(names)} fragment(s), e.g. {names[0]})"
+        try:
+            recorded = read_environment(Path(base) / path)
+        except ProvenanceError as err:
+            lines.append(f"environment: {err}")
+            continue
+        then = {**recorded["distributions"], "python": recorded.get("python", "unknown")}
+        now = {**installed, "python": python}
+        for name in sorted(then.keys() | now.keys()):
+            if name not in now:
+                lines.append(f"{name}: recorded {then[name]} {where}, not installed now")
+            elif name not in then:
+                lines.append(f"{name}: installed now {now[name]}, not in the environment recorded {where}")
+            elif then[name] != now[name]:
+                lines.append(f"{name}: recorded {then[name]} {where}, installed now {now[name]}")
     return lines
 
 

@@ -33,6 +33,12 @@ def verify(args) -> int:
     problems = provenance.verify(args.root, args.base, env=args.env, cache=hasher)
     crate_path = Path(args.crate) if args.crate else Path(args.base) / run_crate.CRATE_NAME
     crate_note = crate_problems(args, crate_path, hasher, problems)
+    from .. import lineage  # the tables' rows: inside their intervals, as their predictions give
+
+    try:
+        problems += lineage.table_problems(args.root, args.base)
+    except provenance.ProvenanceError:
+        pass  # a twin that cannot be read: verify has named it
     if cache is not None:
         cache.save()
     if problems:
@@ -66,10 +72,17 @@ def crate_problems(args, crate_path: Path, hasher, problems: list[str]) -> str:
 
 
 def explain(args) -> int:
+    """The chain on stdout; status 1, and each changed file and failed row check on stderr, if any."""
     from .. import lineage
 
     row = args.row.split(",") if args.row is not None else None
-    print(lineage.explain(args.root, args.file, row, args.base), end="")
+    explained = lineage.explain(args.root, args.file, row, args.base)
+    print(explained.text, end="")
+    if explained.problems:
+        print(f"explain: {len(explained.problems)} problem(s):", file=sys.stderr)
+        for line in explained.problems:
+            print(f"  {line}", file=sys.stderr)
+        return 1
     return 0
 
 
