@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from encoder_study import tables
+from encoder_study import artefacts, tables
 from encoder_study.student import StudentError, architecture, data, distill, objective
 from encoder_study.tokens import PieceTokenizer
 
@@ -439,7 +439,7 @@ def test_a_checkpoint_resumes_only_on_its_device_type_and_precision(tiny_exports
         _distill(teacher, tmp_path, run, precision="bf16")
     state = torch.load(checkpoint, weights_only=True)
     state["fingerprint"]["device"] = "cuda"
-    torch.save(state, checkpoint)
+    torch.save(artefacts.seal(state), checkpoint)  # with the SHA-256 of its new content
     with pytest.raises(distill.CheckpointError, match="device: 'cuda' then, 'cpu' now"):
         _distill(teacher, tmp_path, run, device="cpu")
     assert not (tmp_path / "student.pt").exists()

@@ -16,7 +16,7 @@ import scipy.optimize
 import torch
 import yaml
 
-from encoder_study import files
+from encoder_study import artefacts, files
 from encoder_study.commands import tagging as command
 from encoder_study.data import conllu, synthetic
 from encoder_study.data.conllu import UPOS
@@ -253,7 +253,7 @@ def test_a_checkpoint_from_another_device_is_refused_with_the_way_out(tiny_expor
     train(make(), sentences["train"], sentences["dev"], settings_for(epochs=3), checkpoint=checkpoint)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     state["settings"]["device"] = "cuda"  # as a GPU job writes it
-    files.write_torch(checkpoint, state)
+    files.write_torch(checkpoint, artefacts.seal(state))  # with the SHA-256 of its new content
     with pytest.raises(CheckpointError, match=r"written by a run on cuda, and this run is on cpu.*"
                                               r"--device cuda.*delete it to start over on cpu"):
         train(make(), sentences["train"], sentences["dev"], settings_for(epochs=3), checkpoint=checkpoint)

@@ -60,6 +60,12 @@ or more). A run resumed from it computes bit for bit what the uninterrupted run 
 removes the checkpoint once it has what it needs (`encoder-study student distill` does, after its last
 output).
 
+Checks: the checkpoint and the student each carry the SHA-256 of their own content (`artefacts`), and
+a damaged one is refused naming the file ("delete it to start over"; for the student, the command that
+rebuilds it). A loss or gradient norm that is NaN or infinite stops the run before the
+step's update (`harness.NonFiniteError`, naming the step and the checkpoint it resumed from), so no
+student is written.
+
 Training config keys (`TrainingConfig`, defaults sized for the embedded default: the MiniLM teacher
 6 x 384, a 3 x 192 student, windows of 32 and 64 pieces, a few minutes on 2 CPU cores):
 
@@ -102,11 +108,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import files, plots, provenance, tables, trainable
+from .. import artefacts, files, plots, provenance, tables, trainable
 from ..files import CheckpointError  # noqa: F401 -- what resuming raises; callers import it from here
 from ..tokens import PieceTokenizer
 from ..trainable import harness
-from ..trainable.common import adamw, clip_gradients
+from ..trainable.common import adamw
 from ..trainable.postnorm import PostNormEncoder, PostNormSettings
 from . import StudentError, architecture
 from .data import STATS_STREAM, Corpus, Document
@@ -386,10 +392,14 @@ def train(teacher: nn.Module, corpus: Corpus, student_config, config: TrainingCo
 
 
 def load_student(path: str | os.PathLike) -> tuple[PostNormEncoder, dict]:
-    """(the student with its EMA weights, in eval mode; the whole saved record) from `out_path`."""
-    saved = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(saved, dict) or saved.get("format") != STUDENT_FORMAT:
-        raise StudentError(f"{path}: not a distilled student (format {STUDENT_FORMAT})")
+    """(the student with its EMA weights, in eval mode; the whole saved record) from `out_path`.
+
+    The record's content must match the SHA-256 it carries (`artefacts`); StudentError otherwise.
+    """
+    saved = artefacts.read_torch(path, "distilled student", artefacts.rebuild(path), StudentError)
+    if saved.get("format") != STUDENT_FORMAT:
+        raise StudentError(f"{path}: not a distilled student (format {STUDENT_FORMAT}); "
+                           f"{artefacts.rebuild(path)}")
     encoder = PostNormEncoder(PostNormSettings(**saved["settings"]))
     encoder.load_state_dict(saved["state_dict"], strict=True)
     return encoder.eval(), saved
@@ -545,12 +555,14 @@ class _Run(harness.Loop):
         if self.world > 1:
             self.sum_gradients()
             dist.all_reduce(values)  # each rank holds its share of the global mean: the sum is the whole
-        if config.clip:
-            clip_gradients(self.params, config.clip)
+        norm = harness.gradient_norm(self.params, config.clip)
+        logged = values.cpu().tolist()
+        # The same sums on every rank, so every rank stops together, before the update and the average.
+        self.check_finite({"loss": logged[0], "gradient norm": norm})
         self.optimizer.step()
         self.ema.update(self.student)
         self.step += 1
-        self.log(values.cpu().tolist(), tokens, lr)
+        self.log(logged, tokens, lr)
 
     def log(self, values: list[float], tokens: int, lr: float) -> None:
         """Add the step's loss, terms and tokens to the pending sums; a log row every log_every steps."""
@@ -606,4 +618,4 @@ class _Run(harness.Loop):
                   "layer_map": self.mapping, "fingerprint": self.fingerprint, "rows": self.rows,
                   # Step ranges only: the chunks' seconds would make equal students differ in bytes.
                   "chunks": [{k: v for k, v in c.items() if k != "seconds"} for c in self.chunks]}
-        files.write_torch(path, record)
+        files.write_torch(path, artefacts.seal(record))

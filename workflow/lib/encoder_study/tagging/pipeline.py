@@ -39,6 +39,12 @@ JSON string (sorted keys) under the single metadata key `encoder_study.pipeline`
 the header's metadata is a map whose order the library does not promise. The written graph is a
 function of the weights too (the patcher copies every other byte), so equal weights give equal bytes
 in both files.
+
+The file checks itself: the settings carry, under `artefacts.KEY`, the SHA-256 of the file's content
+(the settings without it, as a reader parses them, and every tensor by name), and `read` refuses a
+file whose content does not match it, naming the file and the command that rebuilds it. A file
+written before pipeline files carried one is read unchecked, if its settings hold only the keys that
+writer wrote (so a damaged key name does not pass for an old file).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from pathlib import Path
 
 import torch
 
-from .. import files, manifest
+from .. import artefacts, files, manifest
 from ..errors import UserError
 from ..frozen import FrozenEncoder
 from ..trainable.words import TrainableEncoder
@@ -66,6 +72,8 @@ METADATA_KEY = "encoder_study.pipeline"
 FILE_NAME = "pipeline.safetensors"
 HEAD = "head."
 ENCODER = "encoder/"  # prefix of the fine-tuned layers' tensors
+# The settings of a file written before files carried their SHA-256.
+UNSEALED_KEYS = {"format", "kind", "tags", "width", "pooling", "encoder", "training"}
 
 
 class PipelineError(UserError):
@@ -161,8 +169,7 @@ def save(tagger: Tagger, path: str | os.PathLike, training: dict | None = None) 
     settings, tensors = describe(tagger, _relative_model_dir(tagger, path))
     if training is not None:
         settings["training"] = training
-    text = json.dumps(settings, sort_keys=True, ensure_ascii=False)
-    data = to_bytes(tensors, metadata={METADATA_KEY: text})
+    data = to_bytes(tensors, metadata={METADATA_KEY: _sealed_text(settings, tensors)})
     with files.atomic_path(path) as tmp:
         tmp.write_bytes(data)
     return path
@@ -192,9 +199,34 @@ def save_pair(tagger: Tagger, path: str | os.PathLike, write_graph, training: di
         settings, tensors = describe(tagger, _relative_model_dir(tagger, path), graph)
         if training is not None:
             settings["training"] = training
-        text = json.dumps(settings, sort_keys=True, ensure_ascii=False)
-        pipeline_tmp.write_bytes(to_bytes(tensors, metadata={METADATA_KEY: text}))
+        pipeline_tmp.write_bytes(to_bytes(tensors, metadata={METADATA_KEY: _sealed_text(settings, tensors)}))
     return Saved(path, target, report)
+
+
+def _content(settings: dict, tensors: dict[str, torch.Tensor]) -> dict:
+    """What a pipeline file's SHA-256 covers: its settings and its tensors in name order."""
+    return {"settings": settings, "tensors": sorted(tensors.items())}
+
+
+def _sealed_text(settings: dict, tensors: dict[str, torch.Tensor]) -> str:
+    """The settings as the file's header holds them: sorted JSON, with the content's SHA-256 in it."""
+    parsed = json.loads(json.dumps(settings, sort_keys=True, ensure_ascii=False))  # what `read` will see
+    parsed[artefacts.KEY] = artefacts.seal(_content(parsed, tensors))[artefacts.KEY]
+    return json.dumps(parsed, sort_keys=True, ensure_ascii=False)
+
+
+def _checked(path: Path, settings: dict, tensors: dict[str, torch.Tensor]) -> dict:
+    """The settings without their SHA-256, once the file's content matches it (see the module)."""
+    fix = artefacts.rebuild(path)
+    content = _content({k: v for k, v in settings.items() if k != artefacts.KEY}, tensors)
+    if artefacts.KEY not in settings:
+        unknown = sorted(set(settings) - UNSEALED_KEYS)
+        if unknown:
+            raise PipelineError(f"{path}: no SHA-256 of its content, and settings {unknown} no writer wrote "
+                                f"without one: the file is damaged or was written by other code; {fix}")
+        return content["settings"]
+    record = {**content, artefacts.KEY: settings[artefacts.KEY]}
+    return artefacts.opened(record, path, "pipeline file", fix, PipelineError)["settings"]
 
 
 def read(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -214,6 +246,7 @@ def read(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     except (KeyError, json.JSONDecodeError) as err:
         raise PipelineError(f"{path}: a safetensors file without pipeline settings (metadata key "
                             f"{METADATA_KEY!r}); not written by encoder_study.tagging.pipeline") from err
+    settings = _checked(path, settings, tensors)
     if settings.get("format") not in FORMATS or settings.get("kind") not in KINDS:
         raise PipelineError(f"{path}: format {settings.get('format')!r}, kind {settings.get('kind')!r}; this "
                             f"code reads {list(FORMATS)} with kinds {list(KINDS)}")
@@ -240,7 +273,8 @@ def check_graph(path: Path, settings: dict) -> Path:
     graph = graph_path(path, settings)
     expected = settings["encoder"]["graph"]["sha256"]
     fix = (f"the pipeline file and its graph travel together: put the {graph.name} that was saved with "
-           f"{path.name} beside it in {path.parent}, or save the tagger again to write both")
+           f"{path.name} beside it in {path.parent}, or save the tagger again to write both (in the "
+           f"workflow: snakemake --cores all -f {path})")
     if not graph.is_file():
         raise PipelineError(f"{path}: its encoder graph {graph} is missing; {fix}")
     actual = files.sha256_file(graph)

@@ -66,6 +66,11 @@ in them, the step, the best weights and the development history; a run resumed f
 exactly what the uninterrupted run computes from that step on. Writing a checkpoint changes nothing of
 the state, so a run that saves every K steps and goes on computes what one that never saves computes; a
 crash costs at most the steps since the last save.
+
+Checks (`harness.Loop`): a checkpoint carries the SHA-256 of its own content and a damaged one is
+refused; a training loss or gradient norm that is NaN or infinite stops the run before the step's
+update, and so does a development evaluation whose score or largest trainable weight is not finite
+(`harness.NonFiniteError`, naming the step and the checkpoint resumed from), before anything is saved.
 """
 
 from __future__ import annotations
@@ -88,7 +93,7 @@ from .. import files
 from ..data.conllu import UPOS, Sentence
 from ..files import CheckpointError  # what resuming raises; callers import it from here too
 from ..trainable import harness
-from ..trainable.common import adamw, clip_gradients
+from ..trainable.common import adamw
 from ..trainable.harness import TrainingError  # what bad settings raise; callers import it from here too
 from .tagger import Tagger, word_batches
 
@@ -378,10 +383,11 @@ class _Run(harness.Loop):
             loss = F.cross_entropy(self.tagger(docs), gold)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if self.settings.clip:
-            clip_gradients(self.params, self.settings.clip)
+        norm = harness.gradient_norm(self.params, self.settings.clip)
+        value = loss.item()
+        self.check_finite({"training loss": value, "gradient norm": norm})  # before the update
         self.optimizer.step()
-        self.loss_sum += loss.item()
+        self.loss_sum += value
         self.loss_count += 1
 
     def objective(self) -> torch.Tensor:
@@ -399,7 +405,9 @@ class _Run(harness.Loop):
     def lbfgs_step(self) -> None:
         """One L-BFGS iteration; the loss counted is the objective where it started."""
         self.tagger.train()
-        self.loss_sum += float(self.optimizer.step(self.objective))
+        value = float(self.optimizer.step(self.objective))
+        self.check_finite({"training loss": value})  # where this iteration started
+        self.loss_sum += value
         self.loss_count += 1
 
     def evaluation_due(self) -> bool:
@@ -414,6 +422,9 @@ class _Run(harness.Loop):
             predicted = np.concatenate(self.tagger.predict_ids(self.dev_docs, self.settings.eval_batch_words))
         correct = int((predicted == self.dev_gold).sum())
         dev_upos = 100.0 * correct / len(self.dev_gold)  # the formula evaluate.accuracy_interval uses
+        # A weight that is not finite predicts some tag for every word: a score, but not one to select.
+        largest = torch.stack([p.detach().abs().amax() for p in self.params]).amax().item()
+        self.check_finite({"development UPOS": dev_upos, "largest trainable weight": largest}, step=self.step)
         self.history.append({"step": self.step, "epoch": self.epoch_position(),
                              "train_loss": self.loss_sum / max(self.loss_count, 1), "dev_upos": dev_upos})
         self.loss_sum, self.loss_count = 0.0, 0

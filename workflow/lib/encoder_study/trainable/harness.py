@@ -25,11 +25,18 @@ checkpoint it finds (`resume`), and reports progress. Its checkpoint holds what 
 gives (its RNG states among them: `rng_state`), the step and the chunk records. Saving changes nothing
 of the state, so a run that saves every K steps computes what one that never saves computes. Both
 loops step with `trainable.common.adamw` and clip with `trainable.common.clip_gradients`.
+
+Checks: a checkpoint carries the SHA-256 of its own content (`artefacts.seal`), and one that does not
+match it, or has none, is refused, naming the file ("delete it to start over"), before anything of it
+is used. A subclass passes its loss, gradient norm and development score to `check_finite`; a value
+that is NaN or infinite stops the run with `NonFiniteError`, naming the step and the checkpoint it
+resumed from, before the step's update and before anything is saved or written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import sys
@@ -38,9 +45,10 @@ from pathlib import Path
 
 import torch
 
-from .. import files
+from .. import artefacts, files
 from ..errors import UserError
-from .common import determinism
+from ..files import CheckpointError
+from .common import clip_gradients, determinism
 
 CHOICES = ("auto", "cpu", "cuda")  # what --device takes
 DEVICES = ("cpu", "cuda")          # device types a run computes on
@@ -53,6 +61,10 @@ CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 
 class TrainingError(UserError, ValueError):
     """Settings training cannot run with (a device, a precision, a config value, an empty split)."""
+
+
+class NonFiniteError(TrainingError):
+    """A loss, gradient norm or development score that is NaN or infinite: the run has diverged."""
 
 
 def resolve_device(choice: str | None, local_rank: int = 0) -> torch.device:
@@ -129,6 +141,14 @@ def autocast(device: torch.device | str, precision: str):
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+def gradient_norm(params: list[torch.nn.Parameter], clip: float) -> float:
+    """The gradients' total norm before clipping, having clipped it to `clip` (`clip_gradients`) when
+    `clip` is positive: what `Loop.check_finite` checks before the optimizer steps."""
+    if clip:
+        return clip_gradients(params, clip).item()
+    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]).item()
 
 
 def rng_state(device: torch.device) -> dict:
@@ -212,6 +232,7 @@ class Loop:
 
     def __init__(self, checkpoint: Path | None, device: torch.device):
         self.checkpoint, self.device = checkpoint, device
+        self.desc = "train"  # what progress lines and errors call the run (`train` sets it)
         self.step = 0
         self.chunks: list[dict] = []
         self.resumed_from: int | None = None  # the step this call started from, when it resumed
@@ -226,6 +247,7 @@ class Loop:
 
     def train(self, chunk_steps: int, progress: bool, desc: str) -> None:
         """Step until finished, saving every `chunk_steps` steps (0: only at the end) and going on."""
+        self.desc = desc
         first, started = self.step, time.perf_counter()  # the open chunk record
         shown = Progress(desc, self.total_steps(), self.step, progress)
         try:
@@ -254,10 +276,34 @@ class Loop:
 
     def save(self, running: dict | None = None) -> None:
         """Write the checkpoint; `running`: the record of the call still training, if it goes on."""
-        files.write_torch(self.checkpoint, {"format": self.FORMAT, **self.state(), "step": self.step,
-                                            "chunks": self.chunks + ([running] if running else [])})
+        files.write_torch(self.checkpoint, artefacts.seal({
+            "format": self.FORMAT, **self.state(), "step": self.step,
+            "chunks": self.chunks + ([running] if running else [])}))
 
     def load(self) -> None:
-        state = files.read_checkpoint(self.checkpoint, self.FORMAT, self.WHAT)
+        """Take over the checkpoint's state, once its content matches its SHA-256 and its format."""
+        state = artefacts.read_torch(self.checkpoint, self.WHAT, artefacts.CHECKPOINT_FIX, CheckpointError)
+        if state.get("format") != self.FORMAT:
+            raise CheckpointError(f"{self.checkpoint}: not a {self.WHAT} (format {state.get('format')!r}, "
+                                  f"expected {self.FORMAT!r}); {artefacts.CHECKPOINT_FIX}")
         self.restore(state)
         self.step, self.chunks = state["step"], state["chunks"]
+
+    def check_finite(self, values: dict[str, float], step: int | None = None) -> None:
+        """NonFiniteError if a value (name: number, e.g. "loss") of `step` (1-based; None: the step being
+        taken) is NaN or infinite. Call it before the step changes any weight where it can be."""
+        bad = {name: value for name, value in values.items() if not math.isfinite(value)}
+        if not bad:
+            return
+        what = ", ".join(f"the {name} is {value}" for name, value in bad.items())
+        if self.resumed_from is not None:
+            origin = (f"It resumed from {self.checkpoint} at step {self.resumed_from}: lower the learning "
+                      f"rate, or delete {self.checkpoint} to start over")
+        elif self.checkpoint is not None and self.checkpoint.exists():
+            origin = (f"It started from scratch, and {self.checkpoint} holds a step saved before this one: "
+                      f"lower the learning rate, and delete {self.checkpoint} to start over")
+        else:
+            origin = "It started from scratch (no checkpoint): lower the learning rate or check the data"
+        step = self.step + 1 if step is None else step
+        raise NonFiniteError(f"{self.desc}: step {step} of {self.total_steps()}: {what}, not a finite "
+                             f"number; training stopped, and no output was written. {origin}")
