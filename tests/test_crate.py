@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -328,6 +329,7 @@ def test_the_crate_step_prints_and_writes_the_crates_sha256(run_dir, capsys):
     assert Path(crate.DIGEST_NAME).read_text() == f"{digest}  {crate.CRATE_NAME}\n"
     assert _verify("--digest", digest) == 0
     assert _verify("--digest", digest.upper()) == 0
+    assert _verify("--digest", f"sha256:{digest}") == 0
 
 
 def _rehash(twin: Path, path: str) -> None:
@@ -379,3 +381,44 @@ def test_verify_without_a_crate_says_what_it_did_not_check_and_digest_needs_one(
     assert "ro-crate-metadata.json is missing" in capsys.readouterr().err
     with pytest.raises(crate.CrateError, match="not a SHA-256"):
         _verify("--digest", "abc")
+
+
+# -- who vouches: an SSH signature of the crate ------------------------------------------------------------
+
+@pytest.fixture
+def signer(run_dir) -> tuple[Path, Path]:
+    """(private key, allowed signers naming its public key as ada@example.org), made with ssh-keygen."""
+    if shutil.which("ssh-keygen") is None:
+        pytest.skip("ssh-keygen is not installed")
+    key = run_dir / "keys" / "id_ed25519"
+    key.parent.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ada", "-f", str(key)], check=True)
+    allowed = run_dir / "keys" / "allowed_signers"
+    allowed.write_text("ada@example.org " + " ".join(key.with_suffix(".pub").read_text().split()[:2]) + "\n")
+    return key, allowed
+
+
+def test_a_signed_crate_names_its_signer_and_an_edit_breaks_the_signature(run_dir, signer, capsys):
+    key, allowed = signer
+    _build()
+    assert run("sign", "--key", str(key)) == 0
+    signature = f"{crate.CRATE_NAME}.sig"
+    assert Path(signature).read_text().startswith("-----BEGIN SSH SIGNATURE-----")
+    capsys.readouterr()
+    assert _verify("--signature", signature, "--allowed-signers", str(allowed)) == 0
+    assert "signed by ada@example.org" in capsys.readouterr().out
+    assert _verify("--signature", signature, "--allowed-signers", str(allowed), "--identity", "eve") == 1
+    # Someone else's key: not a signer the reviewer accepts.
+    other = run_dir / "keys" / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    assert run("sign", "--key", str(other), "--out", "other.sig") == 0
+    capsys.readouterr()
+    assert _verify("--signature", "other.sig", "--allowed-signers", str(allowed)) == 1
+    assert "made by no key" in capsys.readouterr().err
+    # The crate rewritten after it was signed.
+    Path(crate.CRATE_NAME).write_text(Path(crate.CRATE_NAME).read_text().replace("demo", "dEmo", 1))
+    capsys.readouterr()
+    assert _verify("--signature", signature, "--allowed-signers", str(allowed)) == 1
+    assert "not a good signature" in capsys.readouterr().err
+    with pytest.raises(crate.CrateError, match="needs --allowed-signers"):
+        _verify("--signature", signature)

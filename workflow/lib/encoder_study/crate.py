@@ -659,8 +659,9 @@ def check(crate_path: str | os.PathLike, base: str | os.PathLike,
 
 
 def check_digest(crate_path: str | os.PathLike, expected: str) -> list[str]:
-    """One line when the crate is missing or its SHA-256 is not the digest `expected` (from a paper)."""
-    expected = expected.strip().lower()
+    """One line when the crate is missing or its SHA-256 is not the digest `expected` (from a paper;
+    hex, optionally written `sha256:<hex>`)."""
+    expected = expected.strip().lower().removeprefix("sha256:")
     if not SHA256.match(expected):
         raise CrateError(f"--digest {expected!r}: not a SHA-256 in hex (64 characters 0-9a-f)")
     if not Path(crate_path).is_file():
@@ -686,3 +687,50 @@ class OnceHasher:
         if key not in self.known:
             self.known[key] = self.cache.sha256(Path(path)) if self.cache else files.sha256_file(path)
         return self.known[key]
+
+
+# -- who vouches for the run: an SSH signature of the crate ----------------------------------------------
+
+# ssh-keygen's namespace for these signatures, so that one made for something else (a git commit, a
+# file) does not pass as a signature of a run.
+SIGNATURE_NAMESPACE = "encoder-study-run"
+
+
+def _ssh_keygen(args: list[str], stdin: bytes, what: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["ssh-keygen", *args], input=stdin, capture_output=True, timeout=120)
+    except FileNotFoundError as err:
+        raise CrateError(f"{what} needs ssh-keygen (OpenSSH 8.1 or later), which is not installed") from err
+
+
+def sign(crate_path: str | os.PathLike, key: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Sign the crate with an SSH key (`ssh-keygen -Y sign`): whoever holds the key vouches for the run
+    whose digest the crate's bytes give. The signature goes to `target`."""
+    crate_bytes = Path(crate_path).read_bytes()
+    done = _ssh_keygen(["-Y", "sign", "-f", str(key), "-n", SIGNATURE_NAMESPACE], crate_bytes, "signing")
+    if done.returncode != 0:
+        raise CrateError(f"ssh-keygen could not sign {crate_path} with {key}: "
+                         f"{done.stderr.decode(errors='replace').strip()}")
+    files.write_text(target, done.stdout.decode("ascii"))
+
+
+def check_signature(crate_path: str | os.PathLike, signature: str | os.PathLike,
+                    allowed_signers: str | os.PathLike, identity: str | None = None) -> tuple[list[str], str]:
+    """(problems, who): whether `signature` is a good signature of the crate by a key that
+    `allowed_signers` (ssh-keygen's format: `<identity> <key type> <key>` per line) lists for
+    `identity` (default: whichever identity it lists for the signing key)."""
+    crate_bytes, signature = Path(crate_path).read_bytes(), str(signature)
+    if identity is None:
+        found = _ssh_keygen(["-Y", "find-principals", "-f", str(allowed_signers), "-s", signature],
+                            b"", "checking a signature")
+        names = found.stdout.decode(errors="replace").split()
+        if found.returncode != 0 or not names:
+            return [f"{signature}: made by no key that {allowed_signers} lists"], ""
+        identity = names[0]
+    done = _ssh_keygen(["-Y", "verify", "-f", str(allowed_signers), "-I", identity, "-n", SIGNATURE_NAMESPACE,
+                        "-s", signature], crate_bytes, "checking a signature")
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
+        return [f"{signature}: not a good signature of {crate_path} by {identity} "
+                f"({said[-1] if said else 'ssh-keygen failed'})"], identity
+    return [], identity

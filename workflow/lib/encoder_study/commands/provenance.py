@@ -1,9 +1,12 @@
-"""`encoder-study provenance join|verify|explain|crate`: a recipe's PROVENANCE.md, re-hashing every
-file the fragments' JSON twins name, the chain of jobs behind a file or one row of a table, and the
-run's Workflow Run RO-Crate (library: encoder_study.crate).
+"""`encoder-study provenance join|verify|explain|crate|sign`: a recipe's PROVENANCE.md, re-hashing every
+file the fragments' JSON twins and the run crate name, the chain of jobs behind a file or one row of a
+table, the run's Workflow Run RO-Crate and its digest, and an SSH signature of the crate (library:
+encoder_study.crate).
 
     encoder-study provenance join --recipe student --out provenance/student/PROVENANCE.md FRAGMENT...
-    encoder-study provenance verify --root provenance --base . [--digest HEX] [--env] [--fast]
+    encoder-study provenance verify --root provenance --base . [--digest HEX] [--env] [--fast] \\
+        [--signature ro-crate-metadata.json.sig --allowed-signers FILE [--identity ID]]
+    encoder-study provenance sign --key ~/.ssh/id_ed25519 [--crate ro-crate-metadata.json]
     encoder-study provenance explain results/tagging/scores.csv --row minilm-finetuned,test
     encoder-study provenance crate --base . --workflow Snakefile --citation CITATION.cff \\
         --license LICENSE --readme README.md --out ro-crate-metadata.json --provenance FRAGMENT \\
@@ -61,6 +64,17 @@ def crate_problems(args, crate_path: Path, hasher, problems: list[str]) -> str:
 
     if args.digest:
         problems += run_crate.check_digest(crate_path, args.digest)
+    signed = ""
+    if args.signature and not args.allowed_signers:
+        raise run_crate.CrateError("--signature needs --allowed-signers: the file naming whose keys you "
+                                   "accept (ssh-keygen's allowed signers format)")
+    if args.signature and not crate_path.is_file():
+        problems.append(f"{crate_path} is missing: {args.signature} signs a run crate")
+    elif args.signature:
+        found, who = run_crate.check_signature(crate_path, args.signature, args.allowed_signers,
+                                               args.identity)
+        problems += found
+        signed = "" if found else f"signed by {who}; "
     if not crate_path.is_file():
         return (f"no run crate ({crate_path}): the joined PROVENANCE.md files, the report's pages and the "
                 "workflow's code are checked against the crate `all` writes")
@@ -68,7 +82,19 @@ def crate_problems(args, crate_path: Path, hasher, problems: list[str]) -> str:
     problems += listed
     count = len(run_crate.files_of(run_crate.read(crate_path)))
     anchor = f"the crate is the one digest {args.digest.strip().lower()} names, and " if args.digest else ""
-    return f"{anchor}the {count} file(s) the run crate {crate_path} lists match it"
+    return f"{signed}{anchor}the {count} file(s) the run crate {crate_path} lists match it"
+
+
+def sign(args) -> int:
+    from .. import crate as run_crate
+
+    target = args.out or f"{args.crate}.sig"
+    run_crate.sign(args.crate, args.key, target)
+    digest, _ = run_crate.digest_line(args.crate)
+    print(f"sign: {target} signs {args.crate} (run digest {digest}) with {args.key}; a reviewer checks it "
+          f"with: encoder-study provenance verify --root provenance --base . --signature {target} "
+          "--allowed-signers <file naming your public key>")
+    return 0
 
 
 def explain(args) -> int:
@@ -133,6 +159,12 @@ def parser() -> argparse.ArgumentParser:
                                      "this before its files are checked against it")
     p.add_argument("--crate", help="the run crate (default: ro-crate-metadata.json under --base); when it "
                                    "exists, every file it lists is checked too")
+    p.add_argument("--signature", help="an SSH signature of the run crate (`provenance sign`): checked "
+                                        "with ssh-keygen against --allowed-signers")
+    p.add_argument("--allowed-signers", help="whose keys you accept: ssh-keygen's allowed signers file "
+                                             "('<identity> <key type> <public key>' per line)")
+    p.add_argument("--identity", help="the signer --signature must be (default: whoever "
+                                      "--allowed-signers lists for its key)")
     p.add_argument("--fast", action="store_true",
                    help=f"do not read again a file whose size, mtime, ctime and inode are as when it was "
                         f"hashed (kept in <base>/{provenance.FAST_CACHE}); without it every file is read")
@@ -143,6 +175,11 @@ def parser() -> argparse.ArgumentParser:
                                  "comma-separated, e.g. minilm-finetuned,test")
     p.add_argument("--root", default="provenance", help="the fragments' folder")
     p.add_argument("--base", default=".", help="the folder the recorded paths are relative to")
+    p = sub.add_parser("sign", help="sign the run crate with an SSH key: who vouches for the run")
+    p.set_defaults(run=sign)
+    p.add_argument("--key", required=True, help="the SSH private key (e.g. ~/.ssh/id_ed25519)")
+    p.add_argument("--crate", default="ro-crate-metadata.json", help="the run crate")
+    p.add_argument("--out", help="the signature (default: <crate>.sig)")
     p = sub.add_parser("crate", help="the run's Workflow Run RO-Crate (Provenance Run Crate profile)")
     p.set_defaults(run=crate)
     p.add_argument("--base", required=True,
