@@ -158,6 +158,73 @@ def test_errors_name_file_line_and_fix(text, line, message):
     assert message in str(err.value)
 
 
+def _long(*tail: str, text: str = "") -> str:
+    """Sentence 'a': words 1-13 (w1 ... w13) on lines 3-15, then `tail` from line 16."""
+    rows = [row(str(i), f"w{i}", "NOUN") for i in range(1, 14)]
+    words = " ".join(f"w{i}" for i in range(1, 14))
+    return f"# sent_id = a\n# text = {words} {text}\n" + "\n".join(rows + list(tail)) + "\n\n"
+
+
+@pytest.mark.parametrize("text, line, message", [
+    # A range past the sentence's end, then another multiword token (was an IndexError).
+    (_long(mwt("14-99", "x"), row("14", "x", "NOUN"), mwt("15-16", "yz"), row("15", "y", "NOUN"),
+           row("16", "z", "NOUN"), text="x yz"), 16,
+     "multiword token 14-99 in sentence 'a' runs to word 99, into the multiword token 15-16 of line 18"),
+    (_long(mwt("14-99", "x"), row("14", "x", "NOUN"), text="x"), 16,
+     "multiword token 14-99 in sentence 'a' ends at word 99, but the sentence has only 14 words"),
+    # The range's own line, not the sentence's last row (line 18).
+    (_long(mwt("14-16", "xy"), row("14", "x", "NOUN"), row("15", "y", "NOUN"), text="xy"), 16,
+     "multiword token 14-16 in sentence 'a' ends at word 16, but the sentence has only 15 words"),
+])
+def test_multiword_ranges_past_the_end_name_their_own_line(text, line, message):
+    with pytest.raises(treebank.TreebankError) as err:
+        treebank.parse_conllu(text, name="gold.conllu")
+    assert str(err.value).startswith(f"gold.conllu:{line}: {message}")
+
+
+SIGN = row("9", "sign", "NOUN", "SpaceAfter=No")  # line 13 of GOLD
+
+
+@pytest.mark.parametrize("text, line, message", [
+    (GOLD.replace("\n", "\r"), 1, "the lines end in a carriage return (CR) alone (classic Mac OS line ends)"),
+    ("\ufeff" + GOLD.replace("\n", "\r"), 1, "the lines end in a carriage return (CR) alone"),
+    (_edit(8, row("4", "se\re", "VERB")), 8, "a carriage return (CR) that no line feed follows (character 5"),
+    (_edit(13, SIGN + "\r").replace("\n", "\r\n"), 13,
+     f"a carriage return (CR) that no line feed follows (character {len(SIGN) + 1} "),
+    (_edit(8, row("4", "se\x00e", "VERB")), 8, "a NUL byte (character 5 of the line)"),
+    (_edit(18, "# text = Fui del mercado a casa.\x00"), 18, "a NUL byte (character 33 of the line)"),
+])
+def test_carriage_returns_and_nul_bytes_name_their_line(text, line, message):
+    with pytest.raises(treebank.TreebankError) as err:
+        treebank.parse_conllu(text, name="gold.conllu")
+    assert str(err.value).startswith(f"gold.conllu:{line}: {message}")
+
+
+def test_nul_bytes_from_a_file_name_their_line(tmp_path):
+    path = tmp_path / "gold.conllu"
+    path.write_bytes(_edit(25, row("6", "ca\x00sa", "NOUN", "SpaceAfter=No")).encode("utf-8"))
+    with pytest.raises(treebank.TreebankError, match=rf"^{path}:25: a NUL byte"):
+        treebank.read_conllu(path)
+
+
+def test_bad_heads_are_a_warning_of_the_summary():
+    lines = GOLD.split("\n")
+    lines[7] = lines[7].replace("\t1\tdep", "\t11\tdep")  # s1 has 10 words
+    lines[8] = lines[8].replace("\t1\tdep", "\tx\tdep")
+    lines[21] = lines[21].replace("\t1\tdep", "\t_\tdep")  # s2, word 4 (the empty node keeps its _)
+    s1, s2 = treebank.parse_conllu("\n".join(lines))
+    assert (s1.bad_heads, s2.bad_heads) == (((8, "11"), (9, "x")), ((22, "_"),))
+    assert [s.upos for s in (s1, s2)] == [s.upos for s in treebank.parse_conllu(GOLD)]  # only a warning
+    table = treebank.splits_table({"train": [s1, s2], "dev": treebank.parse_conllu(GOLD)})
+    good = treebank.splits_table({"train": treebank.parse_conllu(GOLD), "dev": treebank.parse_conllu(GOLD)})
+    assert table.startswith(good.split("| train")[0]) and "Warning" not in good
+    assert table.split("\n\n")[1] == (
+        "Warning: train: 3 word row(s) with a HEAD that is not a number or not a word of their sentence (the "
+        "first: line 8, sentence 's1', HEAD '11'); only UPOS is read, so no score changes, but the file is "
+        "not valid CoNLL-U.\n")
+    assert all(not s.bad_heads for s in treebank.parse_conllu(GOLD))
+
+
 def test_every_upos_is_accepted_and_the_list_is_the_ud_one():
     assert len(treebank.UPOS) == 17 and len(set(treebank.UPOS)) == 17
     rows = [row(str(i), f"w{i}", tag) for i, tag in enumerate(treebank.UPOS, 1)]
@@ -382,6 +449,7 @@ def test_treebank_command_writes_files_and_fragment(tmp_path, capsys):
                                                       for s in SPLITS]
     assert all(r["sha256"] == files.sha256_file(r["path"]) for r in rows)
     assert "## Splits" in body and "| train | 60 |" in body and "multiword tokens" in body
+    assert "Warning" not in body  # the synthetic HEADs are a flat tree of word numbers
     assert "## UPOS" in body and "| PROPN |" in body and "Most-frequent-tag baseline" in body
     assert "| seed | 3 |" in body
     assert "tagging treebank" in capsys.readouterr().out

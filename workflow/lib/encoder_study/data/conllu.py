@@ -81,6 +81,9 @@ class Sentence:
     first_line: int  # line number of lines[0]
     multiword: int = 0
     empty_nodes: int = 0
+    # (line, HEAD) of word rows whose HEAD is not a number or no word of the sentence: only UPOS is read,
+    # so they change nothing, but the summary (splits_table) warns of them.
+    bad_heads: tuple[tuple[int, str], ...] = ()
 
     @property
     def upos(self) -> tuple[str, ...]:
@@ -138,6 +141,9 @@ def parse_conllu(text: str, name: str = "<string>", first_line: int = 1) -> list
     at = first_line - 1
     raw = _raw_lines(text)
     contents = [_content(line, i) for i, line in enumerate(raw)]
+    lone_crs = text.count("\r") - text.count("\r\n")
+    if lone_crs or "\x00" in text:  # scans of the whole text; a loop over lines only on a fault
+        _refuse_characters(name, contents, at, cr_line_ends=lone_crs > text.count("\n"))
     blank = [not c.strip() for c in contents]
     blocks, i = [], 0
     while i < len(raw) and blank[i]:
@@ -181,6 +187,25 @@ def read_conllu(path: str | os.PathLike, name: str | None = None) -> list[Senten
     return parse_conllu(text, name)
 
 
+def _refuse_characters(name: str, contents: list[str], at: int, cr_line_ends: bool) -> None:
+    """Raise for the first line holding a NUL byte or a carriage return that no line feed follows;
+    `cr_line_ends`: more of those than line feeds, so the lines end in CR."""
+    for index, content in enumerate(contents):
+        line, nul, cr = index + 1 + at, content.find("\x00"), content.find("\r")
+        if nul >= 0:
+            raise _fail(name, line, f"a NUL byte (character {nul + 1} of the line); text holds none: the "
+                                    "file is damaged or not text (a binary file, a broken download): check "
+                                    "the path or fetch it again")
+        if cr < 0:
+            continue
+        if cr_line_ends:
+            raise _fail(name, line, "the lines end in a carriage return (CR) alone (classic Mac OS line "
+                                    "ends), which CoNLL-U does not allow (LF, or CRLF): convert them, e.g. "
+                                    "tr '\\r' '\\n' < FILE > FIXED")
+        raise _fail(name, line, f"a carriage return (CR) that no line feed follows (character {cr + 1} of "
+                                "the line); no CoNLL-U field holds one: remove it")
+
+
 @dataclass
 class _Row:
     line: int
@@ -208,6 +233,7 @@ def _parse_sentence(name: str, contents: list[str], start: int, stop: int, lines
                                      "comes from it: add the sentence's surface text before its first row")
     text, text_line = metadata["text"]
     words, surface, multiword, empty = _words(name, rows, sent_id)
+    bad_heads = _bad_heads(rows, len(words))
     if not words:
         raise _fail(name, start + 1, f"sentence {sent_id!r} has no word rows (integer IDs)")
     ranges = _place(name, sent_id, text, text_line, words, surface)
@@ -219,6 +245,7 @@ def _parse_sentence(name: str, contents: list[str], start: int, stop: int, lines
         first_line=first_line,
         multiword=multiword,
         empty_nodes=empty,
+        bad_heads=bad_heads,
     )
 
 
@@ -260,6 +287,7 @@ def _words(name: str, rows: list[_Row], sent_id: str) -> tuple[list[tuple[int, s
     surface: list[tuple[str, int, int, int]] = []
     multiword = empty = 0
     covered_to = 0  # the last word id inside the current multiword token
+    token = None  # the current multiword token's row
     for row in rows:
         form = row.columns[1]
         if isinstance(row.id, tuple) and row.id[1] == ".":
@@ -271,8 +299,13 @@ def _words(name: str, rows: list[_Row], sent_id: str) -> tuple[list[tuple[int, s
                 raise _fail(name, row.line, f"multiword token {row.columns[0]} in sentence {sent_id!r} does "
                                             f"not start at the next word ({len(words) + 1}) or spans fewer "
                                             "than two words; put its row right before its first word's")
+            if token is not None and covered_to >= first:
+                raise _fail(name, token.line, f"multiword token {token.columns[0]} in sentence {sent_id!r} "
+                                              f"runs to word {covered_to}, into the multiword token "
+                                              f"{row.columns[0]} of line {row.line}; a multiword token "
+                                              "spans only its own words: fix its range")
             surface.append((form, first, last, row.line))
-            covered_to = last
+            covered_to, token = last, row
             multiword += 1
             continue
         if row.id != len(words) + 1:
@@ -286,9 +319,24 @@ def _words(name: str, rows: list[_Row], sent_id: str) -> tuple[list[tuple[int, s
         if row.id > covered_to:
             surface.append((form, row.id, row.id, row.line))
     if covered_to > len(words):
-        raise _fail(name, rows[-1].line, f"sentence {sent_id!r} has a multiword token ending at word "
-                                         f"{covered_to} but only {len(words)} words; add its words' rows")
+        raise _fail(name, token.line, f"multiword token {token.columns[0]} in sentence {sent_id!r} ends at "
+                                      f"word {covered_to}, but the sentence has only {len(words)} words; fix "
+                                      "its range or add its words' rows")
     return words, surface, multiword, empty
+
+
+_HEAD_COLUMN = COLUMNS.index("HEAD")
+
+
+def _bad_heads(rows: list[_Row], words: int) -> tuple[tuple[int, str], ...]:
+    """(line, HEAD) of the word rows whose HEAD is not 0 or the number of a word of the sentence."""
+    bad = []
+    for row in rows:
+        if isinstance(row.id, int):
+            head = row.columns[_HEAD_COLUMN]
+            if not (head.isascii() and head.isdigit() and int(head) <= words):
+                bad.append((row.line, head))
+    return tuple(bad)
 
 
 def _place(name: str, sent_id: str, text: str, text_line: int, words: list[tuple[int, str, str, int]],
@@ -376,7 +424,19 @@ def splits_table(by_split: dict[str, Sequence[Sentence]]) -> str:
                      sum(s.multiword for s in sentences), sum(s.empty_nodes for s in sentences),
                      len(tags_of), sum(len(t) > 1 for t in tags_of.values())))
     header = ["split", "sentences", "words", "multiword tokens", "empty nodes", "forms", "ambiguous forms"]
-    return markdown_table(header, rows, "lrrrrrr")
+    return markdown_table(header, rows, "lrrrrrr") + "".join(
+        _head_warning(split, sentences) for split, sentences in by_split.items())
+
+
+def _head_warning(split: str, sentences: Sequence[Sentence]) -> str:
+    """A paragraph after the table for a split with word rows whose HEAD is no word; '' for none."""
+    bad = [(s.sent_id, line, head) for s in sentences for line, head in s.bad_heads]
+    if not bad:
+        return ""
+    sent_id, line, head = bad[0]
+    return (f"\nWarning: {split}: {len(bad)} word row(s) with a HEAD that is not a number or not a word of "
+            f"their sentence (the first: line {line}, sentence {sent_id!r}, HEAD {head!r}); only UPOS is "
+            "read, so no score changes, but the file is not valid CoNLL-U.\n")
 
 
 def upos_table(by_split: dict[str, Sequence[Sentence]]) -> str:

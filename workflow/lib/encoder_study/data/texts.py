@@ -210,6 +210,10 @@ def _logical_lines(name: str, stream: io.BufferedIOBase) -> Iterator[tuple[int, 
         except UnicodeDecodeError as err:
             raise TextError(f"{name}, line {number}: not UTF-8 ({err.reason} at byte {err.start}); "
                             "the export is UTF-8: download it again") from None
+        nul = line.find("\x00")
+        if nul >= 0:
+            raise TextError(f"{name}, line {number}: a NUL byte (character {nul + 1}); text holds none: the "
+                            "file is damaged or not text: download it again")
         if not pending:
             start = number
         line = pending + line
@@ -469,6 +473,10 @@ def _udhr_root(data: bytes | Exception) -> ET.Element:
     try:
         root = ET.fromstring(data)
     except ET.ParseError as err:
+        nul = data.find(b"\x00")  # asked only now: a UTF-16 file holds NUL bytes and parses
+        if nul >= 0:
+            line = data.count(b"\n", 0, nul) + 1
+            raise _Skip(f"a NUL byte at line {line}: the file is damaged or not text") from err
         line, column = err.position
         reason = re.sub(r": line \d+, column \d+$", "", str(err))  # the place is said already
         raise _Skip(f"not well-formed XML at line {line}, column {column} ({reason})") from err
