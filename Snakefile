@@ -1,7 +1,10 @@
 # Regenerates every table of the encoder study. Default: the embedded config (offline, 2 cores, minutes).
 # Full study: snakemake --cores 8 all --configfile config/paper.yaml
+import difflib
 import re
+from pathlib import Path
 
+import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
@@ -11,6 +14,14 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+# An unknown top-level key in one line: jsonschema's own message prints the whole schema.
+_SCHEMA = Path(workflow.basedir, "workflow/schemas/config.schema.yaml")
+_KEYS = sorted(yaml.safe_load(_SCHEMA.read_text(encoding="utf-8"))["properties"])
+_UNKNOWN = [f"'{key}'" + "".join(f" (did you mean '{m}'?)" for m in difflib.get_close_matches(key, _KEYS, 1))
+            for key in sorted(map(str, set(config) - set(_KEYS)))]
+if _UNKNOWN:
+    raise WorkflowError(f"config: unknown top-level key {', '.join(_UNKNOWN)}; the keys are "
+                        f"{', '.join(_KEYS)}")
 validate(config, "workflow/schemas/config.schema.yaml")
 
 

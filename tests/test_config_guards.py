@@ -47,6 +47,36 @@ GUARDS = {
         {"resources": {"tagging_trian": {"mem_mb": 1000}}},
         "config: resources.tagging_trian names no rule of the workflow; rules are named <recipe>_<step> "
         "(see the README's recipe table)"),
+    "unknown top-level key": (
+        {"taging": {"runs": []}, "zzz": 1},
+        "config: unknown top-level key 'taging' (did you mean 'tagging'?), 'zzz'; the keys are benchmarks, "
+        "export, models, parity, "),
+    "run compared with itself": (
+        {"tagging": {"comparisons": [["minilm-frozen-mean", "baseline"], ["minilm-frozen-mean"] * 2]}},
+        "config: tagging.comparisons compares 'minilm-frozen-mean' with itself (a difference of 0 by "
+        "construction); name two different runs"),
+    "run with no end": (
+        {"tagging": {"runs": [{**RUN, "epochs": 0, "max_steps": 0}], "comparisons": []}},
+        "config: tagging run 'probe' has no end: epochs 0 and max_steps 0 (its entry's, else "
+        "tagging.defaults.frozen's); set epochs or max_steps"),
+    "runs with no end by their mode's defaults": (
+        {"tagging": {"defaults": {"frozen": {"epochs": 0}}}},
+        "config: tagging run 'minilm-frozen-mean' has no end: epochs 0 and max_steps 0"),
+    "missing local treebank files": (
+        {"treebank": {"source": "ewt", "train": "/nonexistent/train.conllu",
+                      "dev": "file:///nonexistent/dev.conllu"}},
+        "config: no such file or directory: treebank.train: /nonexistent/train.conllu; treebank.dev: "
+        "file:///nonexistent/dev.conllu (a path or file:// URL is read in place, a relative path from "),
+    "missing local extra test set": (
+        {"treebank": {"extra_tests": {"pud": {"url": "data/pud.conllu", "sha256": ""}}}},
+        "config: no such file or directory: treebank.extra_tests.pud.url: data/pud.conllu (a path"),
+    "missing local text source": (
+        {"texts": {"udhr": "config/texts/nope"}},
+        "config: no such file or directory: texts.udhr: config/texts/nope (a path"),
+    "missing architecture file": (
+        {"models": [{**TINY_MODEL, "architecture": "config/models/nope.json"}, *DEFAULT["models"][1:]]},
+        f"config: no such file or directory: models '{TINY_MODEL['name']}' architecture: "
+        "config/models/nope.json (a path"),
     "threads of a rule that takes none": (
         {"threads": {"export_table": 2}},
         "config: threads.export_table: rule export_table takes no threads from the config; those that do: "),
@@ -76,3 +106,10 @@ def test_each_guard_refuses_its_config_with_its_message(tmp_path, guard):
     if guard == "threads of a rule that takes none":  # then the rules that do, sorted
         listed = printed.split(message, 1)[1].splitlines()[0].split(", ")
         assert listed == sorted(listed) and "tagging_train" in listed and "export_table" not in listed
+
+
+def test_an_unknown_top_level_key_is_one_line_not_the_schema(tmp_path):
+    printed = refusal(tmp_path, {"taging": {}})
+    line = next(x for x in printed.splitlines() if "unknown top-level key" in x)
+    assert line.endswith(", texts, threads, timing, treebank, writeback")
+    assert len(printed.splitlines()) < 20 and "additionalProperties" not in printed

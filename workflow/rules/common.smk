@@ -12,6 +12,7 @@ from snakemake.exceptions import WorkflowError
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "lib"))
 from encoder_study.data import SPLITS as TREEBANK_SPLITS
 from encoder_study.deps import code_files
+from encoder_study.files import local_path
 from encoder_study.machine import cores as machine_cores
 
 LIB_ROOT = Path("workflow/lib")
@@ -171,6 +172,31 @@ if config["student"]["teacher"] not in MODEL_SPECS:
                         f"(it has: {', '.join(MODELS)})")
 
 
+def _local_sources():
+    """(config key, location) of each source the config names: jobs read a path or file:// URL in place."""
+    fields = {"tiny": "architecture", "local": "path", "wheel": "find_links"}
+    retrieval = config["retrieval"]["model"]
+    if config["rehearsal"]["enabled"] and config["rehearsal"].get("retrieval_model"):
+        retrieval = config["rehearsal"]["retrieval_model"]  # rehearsal.smk puts it in retrieval.model
+    entries = [(f"models '{m['name']}'", m) for m in config["models"]]
+    entries += [("retrieval.model", retrieval)] if isinstance(retrieval, dict) else []
+    named = [(f"{key} {fields[m['source']]}", m.get(fields[m["source"]])) for key, m in entries
+             if m["source"] in fields]
+    named += [(f"texts.{name}", config["texts"][name]) for name in ("tatoeba", "udhr")]
+    if config["treebank"]["source"] != "synthetic":
+        named += [(f"treebank.{split}", config["treebank"][split]) for split in TREEBANK_SPLITS]
+    named += [(f"treebank.extra_tests.{name}.url", entry["url"])
+              for name, entry in config["treebank"]["extra_tests"].items() if "url" in entry]
+    return [(key, location) for key, location in named if location and local_path(location) is not None]
+
+
+_MISSING = [f"{key}: {location}" for key, location in _local_sources() if not local_path(location).exists()]
+if _MISSING:
+    raise WorkflowError(f"config: no such file or directory: {'; '.join(_MISSING)} (a path or file:// URL "
+                        f"is read in place, a relative path from {os.getcwd()}): fix the path, or give an "
+                        "http(s) URL")
+
+
 # -- the export and parity recipes ----------------------------------------------------------------
 
 # Paths that rule files included after the rule that writes them read; spelled once, here. The writing
@@ -282,19 +308,25 @@ def _runs(entries):
     for entry in entries:
         if entry["name"] in runs:
             raise WorkflowError(f"config: tagging.runs lists '{entry['name']}' twice; names must be unique")
-        if entry["model"] not in MODEL_SPECS and entry["model"] != STUDENT:
+        if entry["mode"] != "spacy" and entry["model"] not in MODEL_SPECS and entry["model"] != STUDENT:
             raise WorkflowError(f"config: tagging run '{entry['name']}' names model '{entry['model']}', "
                                 f"which is neither in `models` ({', '.join(MODELS)}) nor the student ('{STUDENT}')")
         runs[entry["name"]] = entry
     return runs
 
 
-RUNS = _runs(config["tagging"]["runs"])
+# RUNS: the runs tagging_train trains (frozen, finetuned); SPACY_RUNS: those rule tagging_spacy makes.
+_ALL_RUNS = _runs(config["tagging"]["runs"])
+RUNS = {name: run for name, run in _ALL_RUNS.items() if run["mode"] != "spacy"}
+SPACY_RUNS = {name: run for name, run in _ALL_RUNS.items() if run["mode"] == "spacy"}
 RUN_NAMES = sorted(RUNS)
 for _a, _b in config["tagging"]["comparisons"]:
     for _name in (_a, _b):
-        if _name != "baseline" and _name not in RUNS:
+        if _name != "baseline" and _name not in _ALL_RUNS:
             raise WorkflowError(f"config: tagging.comparisons names '{_name}', which is not a run")
+    if _a == _b:
+        raise WorkflowError(f"config: tagging.comparisons compares '{_a}' with itself (a difference of 0 by "
+                            "construction); name two different runs")
 
 
 def run_settings(run):
@@ -306,6 +338,12 @@ def run_settings(run):
     if run.get("max_steps") and "epochs" not in run:
         settings["epochs"] = 0
     return settings
+
+
+for _run in RUNS.values():
+    if not run_settings(_run)["epochs"] and not run_settings(_run)["max_steps"]:
+        raise WorkflowError(f"config: tagging run '{_run['name']}' has no end: epochs 0 and max_steps 0 (its "
+                            f"entry's, else tagging.defaults.{_run['mode']}'s); set epochs or max_steps")
 
 
 def run_options(run):
