@@ -359,3 +359,31 @@ def model_option(model):
     """`--model <export dir> <source.json>` of a model, from the files model_files() names."""
     files = model_files(model)
     return f"--model {shlex.quote(str(Path(files[0]).parent))} {shlex.quote(files[-1])}"
+
+
+# -- before any job runs ---------------------------------------------------------------------------
+
+
+def check_recorded_inputs():
+    """Refuse the run, before Snakemake deletes any output, when a file its jobs will read is not the
+    one its rule wrote (encoder_study.recorded); the message names each file and the command that
+    rebuilds it."""
+    from encoder_study import provenance, recorded
+
+    if workflow.touch:  # --touch runs nothing and deletes nothing
+        return
+    dag = workflow.dag
+    jobs = list(dag.needrun_jobs())
+    produced = {os.path.normpath(f) for job in jobs for f in job.output}
+    declared = {os.path.normpath(f) for job in dag.jobs for f in job.output}
+    inputs = {os.path.normpath(f) for job in jobs for f in job.input}
+    cache = provenance.HashCache(provenance.FAST_CACHE)
+    problems = recorded.damaged(inputs, produced, declared, "provenance", cache)
+    cache.save()
+    if problems:
+        raise WorkflowError("files the run would read differ from what their rules wrote:\n"
+                            + "\n".join(problems))
+
+
+onstart:
+    check_recorded_inputs()

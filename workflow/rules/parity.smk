@@ -16,6 +16,7 @@ rule parity_fetch:
     params:
         url=lambda wc: config["texts"][wc.source],
         sha256=lambda wc: config["texts"][f"{wc.source}_sha256"],
+        pin_key=lambda wc: f"texts.{wc.source}_sha256",
         timeout=config["texts"]["timeout"],
     log:
         "logs/parity/parity_fetch-{source}{suffix}.log",
@@ -24,6 +25,8 @@ rule parity_fetch:
     shell:
         "encoder-study parity fetch --url {params.url:q} --sha256={params.sha256:q}"
         " --timeout {params.timeout} --out {output.source:q} --provenance {output.prov:q} > {log:q} 2>&1"
+        # An unpinned download's pin to add (encoder_study.files.PIN): shown once, when it is made.
+        "; grep '^pin: ' {log:q} | sed 's/^pin:/pin {params.pin_key}:/' >&2 || true"
 
 
 rule parity_select:

@@ -59,6 +59,8 @@ if FETCHED:
         params:
             url=lambda wc: FETCH_SOURCES[wc.split][0],
             sha256=lambda wc: FETCH_SOURCES[wc.split][1],
+            pin_key=lambda wc: f"treebank.extra_tests.{wc.split}.sha256" if wc.split in EXTRA_TESTS
+            else f"treebank.{wc.split}_sha256",
             timeout=config["treebank"]["timeout"],
         log:
             "logs/tagging/tagging_fetch-{split}.log",
@@ -68,6 +70,8 @@ if FETCHED:
             "encoder-study tagging fetch --split {wildcards.split} --url {params.url:q}"
             " --sha256={params.sha256:q} --timeout {params.timeout} --out {output.treebank:q}"
             " --provenance {output.prov:q} > {log:q} 2>&1"
+            # An unpinned download's pin to add (encoder_study.files.PIN): shown once, when it is made.
+            "; grep '^pin: ' {log:q} | sed 's/^pin:/pin {params.pin_key}:/' >&2 || true"
 
 if config["treebank"]["source"] != "synthetic":
     TREEBANK = {split: expand(rules.tagging_fetch.output.treebank, split=split)[0] for split in TREEBANK_SPLITS}

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import hashlib
+import http.client
 import json
 import os
+import re
 import shutil
+import socket
+import sys
 import tempfile
 import urllib.parse
 import urllib.request
@@ -24,6 +30,71 @@ class IntegrityError(UserError):
 
 class DownloadError(UserError):
     """A source cannot be read or downloaded; the message names it and the way around it."""
+
+
+# errno -> (cause, way out) of the faults that stop a write whatever the program does.
+WRITE_FAULTS = {
+    errno.ENOSPC: ("no space left on device", "free space on that file system, then run again"),
+    errno.EDQUOT: ("disk quota exceeded", "free space within your quota, then run again"),
+    errno.EROFS: ("read-only file system", "write the results where the file system is writable"),
+    errno.EACCES: ("permission denied", "change the permissions, or write the results elsewhere"),
+    errno.EPERM: ("operation not permitted", "change the permissions, or write the results elsewhere"),
+}
+# Faults that only a write meets; a permission error may also be a read's.
+WRITE_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+class WriteError(UserError, OSError):
+    """A file cannot be written: its file system is full or read-only, or its directory is not writable.
+
+    Also an OSError (errno and filename set), so code that tolerates a failed write still catches it.
+    """
+
+    def __init__(self, code: int, path: str | os.PathLike, action: str = "write"):
+        cause, fix = WRITE_FAULTS[code]
+        self.message = f"cannot {action} {path}: {cause} ({errno.errorcode[code]}); {fix}"
+        super().__init__(code, cause, str(path))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def write_fault(err: BaseException, path: str | os.PathLike | None = None,
+                writing: bool = True) -> WriteError | None:
+    """`err` as a WriteError naming `path` (else the file the error names), if it is a full disk or a
+    place that cannot be written; None for any other error. `writing` False: `err` may come from a read,
+    so a permission error says "access" rather than "write"."""
+    if isinstance(err, WriteError):
+        return err
+    if not isinstance(err, OSError) or err.errno not in WRITE_FAULTS:
+        return None
+    where = path if path is not None else err.filename
+    action = "write" if writing or err.errno in WRITE_ONLY else "access"
+    return WriteError(err.errno, where if where is not None else "a file", action)
+
+
+def os_error(err: BaseException) -> OSError | None:
+    """The OSError behind `err`: itself, or one a library reports in its own type with the system's
+    words (safetensors, written in Rust: "I/O error: No space left on device (os error 28)")."""
+    if isinstance(err, OSError):
+        return err
+    found = re.search(r"\(os error (\d+)\)", str(err))
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code))
+
+
+def rebuild(path: str | os.PathLike) -> str:
+    """The way out for a damaged workflow output: the command that writes it again."""
+    return f"rebuild it: snakemake --cores all -f {os.path.normpath(path)}"
+
+
+def _way_out(path: Path) -> str:
+    """A workflow output (under results/) is rebuilt; any other file is a source to restore."""
+    if "results" in Path(os.path.normpath(path)).parts:
+        return rebuild(path)
+    return "restore the original file"
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -67,36 +138,95 @@ def file_record(path: str | os.PathLike, relative_to: str | os.PathLike | None =
 CHECKED: dict[Path, None] = {}  # an ordered set
 
 
-def check_file(path: str | os.PathLike, expected_sha256: str, what: str = "file") -> None:
-    """Raise IntegrityError naming the file, the expected and the actual SHA-256; note it in CHECKED."""
+def check_file(path: str | os.PathLike, expected_sha256: str, what: str = "file",
+               fix: str | None = None) -> None:
+    """Raise IntegrityError naming the file, the expected and the actual SHA-256 and `fix`, the way out
+    (by default the command that rebuilds a workflow output, else "restore the original file");
+    note the file in CHECKED."""
     path = Path(path)
     CHECKED[path] = None
+    fix = fix or _way_out(path)
     if not path.exists():
-        raise IntegrityError(f"{what} {path} is missing (expected SHA-256 {expected_sha256})")
+        raise IntegrityError(f"{what} {path} is missing (expected SHA-256 {expected_sha256}); {fix}")
     actual = sha256_file(path)
     if actual != expected_sha256:
         raise IntegrityError(
             f"{what} {path} does not match: expected SHA-256 {expected_sha256}, actual {actual}; "
-            "the file was changed or replaced after it was recorded: rebuild it or restore the original"
-        )
+            f"the file was changed or replaced after it was recorded: {fix}")
+
+
+# Temporary names beside a target: `.<name>.<host>-<pid>.<random>.tmp`. The host and the process id let
+# a later writer of the same target remove what a killed one left (`sweep`), and only that.
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+
+
+def _tmp_prefix(target: Path) -> str:
+    return f".{target.name}.{_HOST}-{os.getpid()}."
+
+
+def sweep(target: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files and directories of `target` whose writer, on this host, is gone
+    (killed before it could clean up); return them. Those of a live process are kept."""
+    target = Path(target)
+    removed = []
+    for leftover in target.parent.glob(glob.escape(f".{target.name}.") + "*.tmp"):
+        owner = leftover.name[len(target.name) + 2:].split(".", 1)[0]
+        host, _, pid = owner.partition("-")
+        if host != _HOST or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+        removed.append(leftover)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _named_faults(target: Path, stage: Path | None = None) -> Iterator[None]:
+    """Turn a full disk or a place that cannot be written, met inside the block, into a WriteError naming
+    `target` (a file written into `stage` is named by its place under `target`). A permission error
+    counts only for a file beside `target` or in `stage`: elsewhere it may be a read's, left as it is."""
+    try:
+        yield
+    except OSError as err:
+        named = Path(err.filename) if isinstance(err.filename, str | os.PathLike) else None
+        staged = stage is not None and named is not None and named.is_relative_to(stage)
+        if err.errno not in WRITE_FAULTS or (isinstance(err, WriteError) and not staged):
+            raise
+        if err.errno not in WRITE_ONLY and not staged and (named is None or named.parent != target.parent):
+            raise
+        raise WriteError(err.errno, target / named.relative_to(stage) if staged else target) from err
 
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `target`; rename it onto `target` only if the block succeeds."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; published files get the usual mode
-    try:
-        yield tmp_path
-        os.replace(tmp_path, target)
-    finally:
-        tmp_path.unlink(missing_ok=True)
+    with _named_faults(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sweep(target)
+        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; published files get the usual mode
+            yield tmp_path
+            os.replace(tmp_path, target)
+        finally:
+            tmp_path.unlink(missing_ok=True)
 
 
 def write_text(target: str | os.PathLike, text: str) -> None:
@@ -191,10 +321,13 @@ def staging_dir(target: str | os.PathLike) -> Iterator[Path]:
     The caller moves finished files into `target` with `publish`; on failure nothing reaches it.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    with _named_faults(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sweep(target)
+        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent))
     try:
-        yield tmp
+        with _named_faults(target, stage=tmp):
+            yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -202,9 +335,10 @@ def staging_dir(target: str | os.PathLike) -> Iterator[Path]:
 def publish(staged: Path, target_dir: str | os.PathLike, names: list[str]) -> None:
     """Rename staged files into `target_dir` in the given order (put the manifest last)."""
     target_dir = Path(target_dir)
-    target_dir.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        os.replace(staged / name, target_dir / name)
+    with _named_faults(target_dir):
+        target_dir.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            os.replace(staged / name, target_dir / name)
 
 
 def replace_dir(staged: Path, target: str | os.PathLike) -> None:
@@ -219,10 +353,11 @@ def replace_dir(staged: Path, target: str | os.PathLike) -> None:
     os.umask(umask)
     os.chmod(staged, 0o777 & ~umask)
     old = None
-    if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", suffix=".tmp", dir=target.parent))
-        os.replace(target, old)  # onto an empty directory: allowed
-    os.replace(staged, target)
+    with _named_faults(target):
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent))
+            os.replace(target, old)  # onto an empty directory: allowed
+        os.replace(staged, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -252,37 +387,29 @@ def pinned(sha256: str | None) -> str | None:
     return value
 
 
+# The first word of the line an unpinned download prints (the rules that download show such lines).
+PIN = "pin:"
+
+
 def download(source: str, dest: str | os.PathLike, sha256: str | None = None, timeout: float = 60.0,
              validate: Callable[[Path], object] | None = None) -> str:
     """Copy a URL (http, https, file://) or a local path to `dest`; return the file's SHA-256.
 
     The bytes stream to a temporary file beside `dest`, hashed while they are copied; `dest` gets them
-    only when the SHA-256 matches `sha256` (if one is pinned) and `validate(temporary path)` (if given)
-    returns without raising. A different hash raises IntegrityError naming the source, the expected
-    and the actual SHA-256; a missing file or a failed transfer raises DownloadError. In every failure
-    `dest` is left as it was. Without a pin, the caller records the returned hash.
+    only when every announced byte arrived (an HTTP Content-Length, a local file's size), the SHA-256
+    matches `sha256` (if one is pinned) and `validate(temporary path)` (if given) returns without
+    raising. A different hash raises IntegrityError naming the source, the expected and the actual
+    SHA-256; a missing file, a failed or short transfer raises DownloadError; a full disk or a place
+    that cannot be written raises WriteError. In every failure nothing is kept and `dest` is left as it
+    was. Without a pin, the caller records the returned hash, and one line starting with PIN goes to
+    stderr: the SHA-256 to put in the config.
     """
     expected = pinned(sha256)
     path = local_path(source)
     if path is not None and not path.is_file():
         raise DownloadError(f"{source}: no such file; give a path, a file:// URL or an http(s) URL")
-    digest = hashlib.sha256()
     with atomic_path(dest) as tmp:  # renamed onto dest only when the block succeeds
-        try:
-            if path is not None:
-                stream = open(path, "rb")
-            else:
-                request = urllib.request.Request(source, headers={"User-Agent": "encoder-study"})
-                stream = urllib.request.urlopen(request, timeout=timeout)
-            with stream, open(tmp, "wb") as out:
-                while chunk := stream.read(CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-        except OSError as err:  # URLError and HTTPError are OSErrors too
-            raise DownloadError(f"{source}: download failed ({err}); on a machine without network, fetch the "
-                                "file elsewhere and give its local path or file:// URL with its SHA-256"
-                                ) from err
-        actual = digest.hexdigest()
+        actual, size = _copy(source, path, tmp, timeout, dest)
         if expected and actual != expected:
             raise IntegrityError(
                 f"download {source} does not match: expected SHA-256 {expected}, actual {actual}; the "
@@ -290,4 +417,48 @@ def download(source: str, dest: str | os.PathLike, sha256: str | None = None, ti
                 f"({dest} was left as it was)")
         if validate is not None:
             validate(tmp)
+    if expected is None:
+        print(f"{PIN} {source} is not pinned: its SHA-256 is {actual} ({size:,} bytes); put it in the "
+              "config as the sha256 of this source, so that a later download is checked", file=sys.stderr,
+              flush=True)
     return actual
+
+
+def _open(source: str, path: Path | None, timeout: float):
+    """The byte stream of `source` and the number of bytes it announces (None when it announces none)."""
+    if path is not None:
+        stream = open(path, "rb")
+        return stream, os.fstat(stream.fileno()).st_size
+    request = urllib.request.Request(source, headers={"User-Agent": "encoder-study"})
+    stream = urllib.request.urlopen(request, timeout=timeout)
+    length = stream.headers.get("Content-Length")
+    return stream, int(length) if length and length.strip().isdigit() else None
+
+
+def _copy(source: str, path: Path | None, tmp: Path, timeout: float, dest) -> tuple[str, int]:
+    """Copy `source` to `tmp`; its SHA-256 and size. A failed or short transfer: DownloadError."""
+    digest, received = hashlib.sha256(), 0
+    try:
+        stream, announced = _open(source, path, timeout)
+    except OSError as err:  # URLError and HTTPError are OSErrors too
+        raise DownloadError(f"{source}: download failed ({err}); on a machine without network, fetch the "
+                            "file elsewhere and give its local path or file:// URL with its SHA-256") from err
+    with stream, open(tmp, "wb") as out:
+        while True:
+            try:
+                chunk = stream.read(CHUNK)
+            except (OSError, http.client.HTTPException) as err:  # a reset, a timeout, a broken chunk
+                raise DownloadError(f"{source}: the transfer broke after {received:,} bytes ({err!r}); "
+                                    f"nothing was kept ({dest} was left as it was): run again") from err
+            if not chunk:
+                break
+            digest.update(chunk)
+            out.write(chunk)  # a full disk here is a WriteError naming dest (atomic_path)
+            received += len(chunk)
+    if announced is not None and received != announced:
+        # Python's HTTP client ends a body at the connection's close without comparing it with
+        # Content-Length (curl reports the same transfer as error 18).
+        raise DownloadError(f"{source}: received {received:,} of the {announced:,} bytes announced "
+                            f"({'Content-Length' if path is None else 'the file size'}): the transfer "
+                            f"was cut short, so nothing was kept ({dest} was left as it was): run again")
+    return digest.hexdigest(), received

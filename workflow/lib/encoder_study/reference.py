@@ -46,5 +46,7 @@ def source_dir(source_json: str | os.PathLike) -> tuple[Path, dict]:
     if not directory.is_absolute():
         directory = source_json.parent / directory
     for entry in record["files"]:
-        files.check_file(directory / entry["path"], entry["sha256"], what=f"model '{record['model']}' file")
+        files.check_file(directory / entry["path"], entry["sha256"], what=f"model '{record['model']}' file",
+                         fix=files.rebuild(source_json) if directory.is_relative_to(source_json.parent)
+                         else None)
     return directory, record

@@ -69,6 +69,10 @@ def acquire(args) -> int:
             frag.note(f"read in place from {spec['path']} (not copied); source.json lists its files")
         record = sources.acquire(args.model, spec, args.out_dir)
         frag.outputs += sources.written_paths(record, args.out_dir)
+        if "upstream" in record:
+            up = record["upstream"]
+            frag.note(f"upstream: {up['repo']} at revision {up['revision']}; {up['checked']} "
+                      f"({up['sha256']})")
     return 0
 
 

@@ -13,7 +13,10 @@ spaces), ids, forms and the predicted UPOS, every other column `_`.
 
 Streaming: the input is read `batch_sentences` sentences at a time, tagged, and appended to a
 temporary file beside the output, renamed onto it only when every sentence is tagged, so a failure
-leaves no half-written output. One progress line per batch goes to stderr.
+leaves no half-written output. A killed command leaves no temporary file either: SIGTERM unwinds it
+(`cli`) and the file is removed on the way out; after a SIGKILL, the next `predict` to the same output
+removes the dead run's file before it starts (`files.sweep`). One progress line per batch goes to
+stderr.
 
 Why the predictions equal a run's: a run predicts a split with `Tagger.predict(docs, eval_batch_words)`,
 which runs the documents in consecutive groups that close as soon as they hold `eval_batch_words`
@@ -194,6 +197,7 @@ def predict(pipeline_path: str | os.PathLike, input_path: str | os.PathLike, out
 
     pipeline_path, input_path, out = Path(pipeline_path), Path(input_path), Path(out)
     _check_request(pipeline_path, input_path, out, input_format, batch_sentences, score)
+    files.sweep(out)  # a killed run's temporary file, before the pipeline takes its time to load
     recorded = recorded_settings(pipeline_path)
     threads = machine.usable_threads(threads if threads is not None else int(recorded.get("threads", 1)))
     if batch_words is None:
