@@ -186,6 +186,43 @@ def test_gather_draws_scores_and_comparisons_as_forest_plots_byte_for_byte(study
                     comparisons_plot=out / "c.png")
 
 
+def test_each_forest_panel_takes_the_range_of_its_own_rows():
+    headline = plots.Interval("minilm-finetuned - minilm-frozen-mean", -1.12, -1.84, -0.41)
+    others = [plots.Interval("minilm-frozen-mean - minilm-frozen-first", 0.76, 0.41, 1.17),
+              plots.Interval("minilm-finetuned - baseline", 9.53, 8.15, 10.96)]
+    random = [plots.Interval("bert-tiny-finetuned - baseline", -58.0, -59.77, -56.16)]
+    low, high = plots.panel_limits([headline, *others], zero=True)
+    span = 10.96 + 1.84
+    assert (low, high) == pytest.approx((-1.84 - 0.06 * span, 10.96 + 0.06 * span))
+    # The headline's interval fills a tenth of its panel; on one axis with the random model's row it
+    # filled 2 % (the reviewer's complaint: a dot at zero).
+    assert (headline.high - headline.low) / (high - low) > 0.09
+    shared = plots.panel_limits([headline, *others, *random], zero=True)
+    assert (headline.high - headline.low) / (shared[1] - shared[0]) < 0.025
+    # Zero joins the range of a panel of differences; a single point gets half a unit each side.
+    assert plots.panel_limits(random, zero=True)[1] == pytest.approx(0.06 * 59.77)
+    assert plots.panel_limits([plots.Interval("x", 3.0, 3.0, 3.0)]) == (2.5, 3.5)
+
+
+def test_forest_panels_group_by_split_and_encoder(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plots, "forest", lambda groups, *a, **k: drawn.append(
+        [(heading, [i.label for i in items]) for heading, items in groups]))
+
+    def row(a, b, split, diff=1.0):
+        return {"a": a, "b": b, "diff": diff, "ci_low": diff - 1, "ci_high": diff + 1, "split": split,
+                "upos_a": 0, "upos_b": 0, "tokens": 1, "sentences": 1, "resamples": 10, "seed": 0,
+                "method": "percentile", "confidence": 0.95}
+
+    rows = [row(a, b, split) for split in ("dev", "test") for a, b in (
+        ("tiny-a", "baseline"), ("big-a", "big-b"), ("big-b", "baseline"))]
+    evaluate.plot_comparisons(rows, tmp_path / "c.png", {"tiny-a": "tiny", "big-a": "big", "big-b": "big"})
+    big, tiny = ["big-a - big-b", "big-b - baseline"], ["tiny-a - baseline"]
+    assert drawn.pop() == [("test: big", big), ("test: tiny", tiny), ("dev: big", big), ("dev: tiny", tiny)]
+    evaluate.plot_comparisons(rows, tmp_path / "c.png")  # no encoders known: a panel per split
+    assert [heading for heading, _ in drawn.pop()] == ["split: test", "split: dev"]
+
+
 # -- the conventions -----------------------------------------------------------------------------------
 
 def test_plots_ignore_the_users_matplotlib_settings_and_repeat_their_bytes(tmp_path):

@@ -8,9 +8,9 @@ Every plot of the workflow is drawn inside `figure(target, width, height)`, whic
 - a fixed size and `DPI`, `tight_layout`, and PNG metadata without "Software" (the one entry Agg writes,
   which names the matplotlib version; a PNG gets no date), written atomically on leaving the block.
 
-Two kinds of plot are shared by the stages: `forest` (a value and its interval per row, rows grouped) and
-`bars` (grouped bars, optionally with an error bar each). Matplotlib is imported inside the functions, so
-importing this module stays cheap.
+Two kinds of plot are shared by the stages: `forest` (a value and its interval per row, one panel per
+group, each on its own scale) and `bars` (grouped bars, optionally with an error bar each). Matplotlib is
+imported inside the functions, so importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ STYLE: dict = {}
 # Beyond this ratio of the largest to the smallest positive value, `bars(log="auto")` uses a log axis.
 LOG_RATIO = 100.0
 MAX_WIDTH = 16.0  # inches: a bar plot's widest figure
+# A forest plot's panel: inches per row, and per panel for its heading and its axis' tick labels; the
+# margin on each side of its x range, as a fraction of the range.
+ROW_INCHES = 0.24
+PANEL_INCHES = 0.75
+PANEL_MARGIN = 0.06
 
 
 @contextmanager
@@ -63,47 +68,57 @@ class Interval:
     high: float
 
 
+def panel_limits(items: Sequence[Interval], zero: bool = False) -> tuple[float, float]:
+    """The x range of one forest panel: its rows' intervals (and 0 when `zero`), with a margin of
+    PANEL_MARGIN of the span on each side (half a unit around a single point)."""
+    low = min(item.low for item in items)
+    high = max(item.high for item in items)
+    if zero:
+        low, high = min(low, 0.0), max(high, 0.0)
+    margin = (high - low) * PANEL_MARGIN if high > low else 0.5
+    return low - margin, high + margin
+
+
 def forest(groups: Sequence[tuple[str, Sequence[Interval]]], target: str | os.PathLike, xlabel: str,
            title: str, zero: bool = False, value_format: str = ".2f") -> None:
-    """A forest plot: one row per Interval, a point at its value and a bar from low to high, top to bottom
-    in the order given, under a bold heading per group; each row's numbers printed at the right as
-    `value [low, high]`. `zero` draws a vertical line at 0 (for differences)."""
-    rows = sum(len(items) for _, items in groups)
-    if not rows:
+    """A forest plot: one panel per group, under its heading, each on its own x scale (`panel_limits`), so
+    that a group of large values (a random model's, say) never flattens another's small intervals; in
+    each, one row per Interval, top to bottom in the order given, a point at its value and a bar from low
+    to high, its numbers printed at the right as `value [low, high]`. `zero` draws a dashed line at 0 in
+    every panel (for differences)."""
+    groups = [(heading, items) for heading, items in groups if items]
+    if not groups:
         raise ValueError(f"{target}: a forest plot needs at least one row")
-    height = 1.4 + 0.24 * (rows + len(groups))
     # Room for the longest label at the left and the numbers at the right (about 0.6 em a character).
     longest = max(len(text) for heading, items in groups for text in (heading, *(i.label for i in items)))
     width = 4.5 + (longest + 24) * 0.6 * 10 / 72
+    # Each panel: its rows, plus its heading and its own axis' tick labels; the figure: title and xlabel.
+    height = 1.1 + sum(ROW_INCHES * len(items) + PANEL_INCHES for _, items in groups)
     with figure(target, width, height) as fig:
-        ax = fig.add_subplot()
-        y, ticks, labels, bold = 0, [], [], []
-        for heading, items in groups:
-            ticks.append(y)
-            labels.append(heading)
-            bold.append(True)
-            y -= 1
-            for item in items:
-                ax.errorbar([item.value], [y], xerr=[[item.value - item.low], [item.high - item.value]],
-                            fmt="o", color="C0", markersize=4, capsize=3, linewidth=1.2)
-                number = (f"{item.value:{value_format}} [{item.low:{value_format}}, "
-                          f"{item.high:{value_format}}]")
-                ax.text(1.01, y, number, transform=ax.get_yaxis_transform(), va="center", fontsize=8)
-                ticks.append(y)
-                labels.append(item.label)
-                bold.append(False)
-                y -= 1
-        ax.set_yticks(ticks, labels)
-        for label, strong in zip(ax.get_yticklabels(), bold, strict=True):
-            if strong:
-                label.set_fontweight("bold")
-        ax.tick_params(axis="y", length=0)
-        ax.set_ylim(y + 0.5, 0.5)
-        if zero:
-            ax.axvline(0.0, color="0.3", linewidth=1, linestyle="--")
-        ax.set_xlabel(xlabel)
-        ax.set_title(title)
-        ax.grid(axis="x", alpha=0.3)
+        axes = fig.subplots(len(groups), 1, squeeze=False,
+                            gridspec_kw={"height_ratios": [len(items) + 1 for _, items in groups]})[:, 0]
+        for ax, (heading, items) in zip(axes, groups, strict=True):
+            _forest_panel(ax, heading, items, zero, value_format)
+        axes[-1].set_xlabel(xlabel)
+        # Near the top edge: at matplotlib's default height, a tall figure's title overlaps the first
+        # panel's heading (tight_layout keeps the heading a fixed distance below the figure's top).
+        fig.suptitle(title, y=1 - 0.06 / height)
+
+
+def _forest_panel(ax, heading: str, items: Sequence[Interval], zero: bool, value_format: str) -> None:
+    for y, item in enumerate(items):
+        ax.errorbar([item.value], [-y], xerr=[[item.value - item.low], [item.high - item.value]],
+                    fmt="o", color="C0", markersize=4, capsize=3, linewidth=1.2)
+        number = f"{item.value:{value_format}} [{item.low:{value_format}}, {item.high:{value_format}}]"
+        ax.text(1.01, -y, number, transform=ax.get_yaxis_transform(), va="center", fontsize=8)
+    ax.set_yticks([-y for y in range(len(items))], [item.label for item in items])
+    ax.tick_params(axis="y", length=0)
+    ax.set_ylim(-len(items) + 0.5, 0.5)
+    ax.set_xlim(*panel_limits(items, zero))
+    if zero:
+        ax.axvline(0.0, color="0.3", linewidth=1, linestyle="--")
+    ax.set_title(heading, loc="left", fontsize=10, fontweight="bold")
+    ax.grid(axis="x", alpha=0.3)
 
 
 @dataclass(frozen=True)

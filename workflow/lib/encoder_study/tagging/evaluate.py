@@ -427,24 +427,42 @@ def _interval_label(rows: Sequence[Mapping]) -> str:
     return f"{100 * confidence:g}% {method} interval, {resamples:,} sentence resamples"
 
 
+def _panels(rows: Sequence[Mapping], encoder_of) -> list[tuple[str, str, list[Mapping]]]:
+    """(split, encoder, rows) of each forest panel: the splits in `split_order`, within each the encoders
+    in the order their rows come (the rows' own order kept inside a panel)."""
+    encoders = list(dict.fromkeys(encoder_of(r) for r in rows))
+    panels = []
+    for split in split_order(r["split"] for r in rows):
+        for encoder in encoders:
+            picked = [r for r in rows if r["split"] == split and encoder_of(r) == encoder]
+            if picked:
+                panels.append((split, encoder, picked))
+    return panels
+
+
 def plot_scores(rows: Iterable[Mapping], target: str | os.PathLike) -> None:
-    """Forest plot of scores.csv: UPOS with its interval, one row per run (by name) under each split
-    (`split_order`), the baseline included."""
+    """Forest plot of scores.csv: UPOS with its interval, one panel per split (`split_order`) and encoder
+    (the baseline's own), each on its own scale, one row per run (by name), the baseline included."""
     rows = _ordered(rows, SCORE_COLUMNS, SCORE_KEYS)
-    groups = [(f"split: {split}", [plots.Interval(r["run"], float(r["upos"]), float(r["ci_low"]),
-                                                  float(r["ci_high"])) for r in rows if r["split"] == split])
-              for split in split_order(r["split"] for r in rows)]
+    groups = [(f"{split}: {'baseline' if encoder == 'none' else encoder}",
+               [plots.Interval(r["run"], float(r["upos"]), float(r["ci_low"]), float(r["ci_high"]))
+                for r in picked])
+              for split, encoder, picked in _panels(rows, lambda r: r["encoder"])]
     plots.forest(groups, target, f"UPOS accuracy (%)\nbars: {_interval_label(rows)}", "UPOS by run and split")
 
 
-def plot_comparisons(rows: Iterable[Mapping], target: str | os.PathLike) -> None:
-    """Forest plot of comparisons.csv: a - b in points with its paired interval, one row per pair (in
-    the table's order) under each split (`split_order`), a dashed line at 0."""
+def plot_comparisons(rows: Iterable[Mapping], target: str | os.PathLike,
+                     encoders: Mapping[str, str] | None = None) -> None:
+    """Forest plot of comparisons.csv: a - b in points with its paired interval, a dashed line at 0, one
+    row per pair (in the table's order); one panel per split (`split_order`) and, given `encoders` (run
+    -> encoder), per encoder of run a, each on its own scale, so that a random model's large differences
+    do not flatten the others' small ones."""
     rows = _ordered(rows, COMPARISON_COLUMNS, COMPARISON_KEYS)
-    groups = [(f"split: {split}", [plots.Interval(f"{r['a']} - {r['b']}", float(r["diff"]),
-                                                  float(r["ci_low"]), float(r["ci_high"]))
-                                   for r in rows if r["split"] == split])
-              for split in split_order(r["split"] for r in rows)]
+    encoders = encoders or {}
+    groups = [(f"{split}: {encoder or 'every pair'}" if encoders else f"split: {split}",
+               [plots.Interval(f"{r['a']} - {r['b']}", float(r["diff"]), float(r["ci_low"]),
+                               float(r["ci_high"])) for r in picked])
+              for split, encoder, picked in _panels(rows, lambda r: encoders.get(r["a"], ""))]
     plots.forest(groups, target, f"UPOS difference a - b (points)\nbars: paired {_interval_label(rows)}",
                  "Paired differences in UPOS", zero=True, value_format="+.2f")
 
