@@ -355,6 +355,28 @@ def run_options(run):
     return " ".join(flags)
 
 
+def spacy_inputs(wildcards):
+    """What a spaCy run reads besides dev, test and the extra test sets: train and its spaCy config, or
+    the wheel."""
+    run = SPACY_RUNS[wildcards.run]
+    if run["source"] == "train":
+        return {"train": TREEBANK["train"], "config": run["config"]}
+    return {"wheel": expand(rules.tagging_spacy_fetch.output.wheel, run=wildcards.run)[0]}
+
+
+def spacy_options(wildcards, input):
+    """`encoder-study tagging spacy` options of a run's source."""
+    run = SPACY_RUNS[wildcards.run]
+    if run["source"] == "train":
+        # A run's max_steps and eval_every replace its spaCy config's training.max_steps, eval_frequency.
+        given = "".join(f" --{key.replace('_', '-')} {run[key]}" for key in ("max_steps", "eval_every")
+                        if key in run)
+        return (f"--source train --config {shlex.quote(input.config)} --seed {config['tagging']['seed']}"
+                f" --train {shlex.quote(input.train)}{given}")
+    return (f"--source package --wheel {shlex.quote(input.wheel)} --package {run['package']}"
+            f" --version {run['version']}")
+
+
 def model_option(model):
     """`--model <export dir> <source.json>` of a model, from the files model_files() names."""
     files = model_files(model)

@@ -1,8 +1,9 @@
 # Recipe `tagging`: the treebank (synthetic or UD English-EWT), UPOS taggers on frozen and fine-tuned
-# encoders, the most-frequent-tag baseline, bootstrap intervals, comparisons and the step-time table.
+# encoders, the most-frequent-tag baseline, spaCy runs (an external baseline), bootstrap intervals,
+# comparisons and the step-time table.
 # Rule file workflow/rules/tagging.smk; command `encoder-study tagging` (encoder_study.commands.tagging);
-# library encoder_study.tagging (runs, train, tagger, evaluate, pipeline, steptime) and encoder_study.data
-# (conllu, synthetic).
+# library encoder_study.tagging (runs, train, tagger, evaluate, pipeline, steptime, spacy) and
+# encoder_study.data (conllu, synthetic).
 
 if config["treebank"]["source"] == "synthetic":
 
@@ -191,9 +192,90 @@ rule tagging_baseline:
         " --bootstrap-seed {params.seed} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
+# spaCy runs (mode spacy): an external baseline, a spaCy pipeline tagging the treebank's words. Source
+# `train`: trained from its spaCy config on train; `package`: a published pipeline's wheel, downloaded.
+SPACY_NAMES = sorted(SPACY_RUNS)
+SPACY_PACKAGES = [name for name in SPACY_NAMES if SPACY_RUNS[name]["source"] == "package"]
+
+if SPACY_PACKAGES:
+
+    # A download: on the submitting host (see the Snakefile's localrules).
+    localrules:
+        tagging_spacy_fetch,
+
+    rule tagging_spacy_fetch:
+        input:
+            code=lib_code("tagging", "spacy-fetch"),
+        output:
+            wheel="results/tagging/spacy-packages/{run}.whl",
+            prov=prov("tagging", "tagging_spacy_fetch", "{run}"),
+        wildcard_constraints:
+            run="|".join(re.escape(name) for name in SPACY_PACKAGES),
+        params:
+            url=lambda wc: SPACY_RUNS[wc.run]["url"],
+            sha256=lambda wc: SPACY_RUNS[wc.run]["sha256"],
+            pin_key=lambda wc: f"tagging.runs[{wc.run}].sha256",
+            timeout=config["tagging"]["spacy"]["timeout"],
+        log:
+            "logs/tagging/tagging_spacy_fetch-{run}.log",
+        conda:
+            CONDA_ENV
+        shell:
+            "encoder-study tagging spacy-fetch --url {params.url:q} --sha256={params.sha256:q}"
+            " --timeout {params.timeout} --out {output.wheel:q} --provenance {output.prov:q} > {log:q} 2>&1"
+            "; grep '^pin: ' {log:q} | sed 's/^pin:/pin {params.pin_key}:/' >&2 || true"
+
+
+if SPACY_NAMES:
+
+    rule tagging_spacy:
+        input:
+            unpack(spacy_inputs),
+            dev=TREEBANK["dev"],
+            test=TREEBANK["test"],
+            extra=list(EXTRA.values()),
+            code=lib_code("tagging", "spacy"),
+        output:
+            dev="results/tagging/{run}/dev.pred.conllu",
+            test="results/tagging/{run}/test.pred.conllu",
+            extra=[f"results/tagging/{{run}}/{name}.pred.conllu" for name in EXTRA],
+            scores=report("results/tagging/{run}/scores.csv", caption="../report/tagging/spacy_scores.rst",
+                          category="tagging", subcategory="{run}"),
+            record="results/tagging/{run}/run.json",
+            pipeline=directory("results/tagging/{run}/spacy"),
+            prov=prov("tagging", "tagging_spacy", "{run}"),
+        wildcard_constraints:
+            run="|".join(re.escape(name) for name in SPACY_NAMES),
+        params:
+            options=spacy_options,
+            out_dir=lambda wc, output: Path(output.scores).parent,
+            extra=EXTRA_OPTIONS,
+            batch_size=config["tagging"]["spacy"]["batch_size"],
+            resamples=config["tagging"]["resamples"],
+            seed=config["tagging"]["seed"],
+        log:
+            "logs/tagging/tagging_spacy-{run}.log",
+        benchmark:
+            "results/benchmarks/tagging_spacy/{run}.tsv"
+        resources: **resources_of("tagging_spacy")
+        conda:
+            CONDA_ENV
+        shell:
+            "encoder-study tagging spacy --run {wildcards.run:q} {params.options} --dev {input.dev:q}"
+            " --test {input.test:q} {params.extra} --out-dir {params.out_dir:q} --batch-size {params.batch_size}"
+            " --resamples {params.resamples} --bootstrap-seed {params.seed} --provenance {output.prov:q}"
+            " > {log:q} 2>&1"
+
+    SPACY_OUTPUTS = {key: expand(getattr(rules.tagging_spacy.output, key), run=SPACY_NAMES)
+                     for key in ("dev", "test", "extra", "scores", "prov")}
+else:
+    SPACY_OUTPUTS = {key: [] for key in ("dev", "test", "extra", "scores", "prov")}
+
+
 rule tagging_tables:
     input:
-        runs=expand(rules.tagging_train.output.scores, run=RUN_NAMES) + [rules.tagging_baseline.output.scores],
+        runs=expand(rules.tagging_train.output.scores, run=RUN_NAMES) + [rules.tagging_baseline.output.scores]
+        + SPACY_OUTPUTS["scores"],
         dev=TREEBANK["dev"],
         test=TREEBANK["test"],
         extra=list(EXTRA.values()),
@@ -217,6 +299,8 @@ rule tagging_tables:
     params:
         run_dirs=lambda wc, input: " ".join(f"--run-dir {shlex.quote(str(Path(f).parent))}" for f in input.runs),
         compare=" ".join(f"--compare {a}:{b}" for a, b in config["tagging"]["comparisons"]),
+        # Dashed lines beside the baseline's on the development plot: the spaCy runs' dev scores.
+        references=" ".join(f"--reference {name}" for name in SPACY_NAMES),
         # Every gold split: the comparisons are made on dev, test and each extra test set.
         gold=GOLD_OPTIONS,
         caption=TREEBANK_CAPTION,
@@ -228,7 +312,7 @@ rule tagging_tables:
         CONDA_ENV
     shell:
         "encoder-study tagging tables {params.run_dirs} {params.gold}"
-        " {params.compare} --reference baseline --scores-out {output.scores:q}"
+        " {params.compare} --reference baseline {params.references} --scores-out {output.scores:q}"
         " --comparisons-out {output.comparisons:q} --plot {output.plot:q} --scores-plot {output.scores_plot:q}"
         " --comparisons-plot {output.comparisons_plot:q} --resamples {params.resamples}"
         " --seed {params.seed} --caption {params.caption:q} --provenance {output.prov:q} > {log:q} 2>&1"
@@ -303,7 +387,8 @@ rule tagging_step_time:
 
 
 register("tagging", TREEBANK_FRAGMENTS + [rules.tagging_baseline.output.prov]
-         + expand(rules.tagging_train.output.prov, run=RUN_NAMES)
+         + (expand(rules.tagging_spacy_fetch.output.prov, run=SPACY_PACKAGES) if SPACY_PACKAGES else [])
+         + SPACY_OUTPUTS["prov"] + expand(rules.tagging_train.output.prov, run=RUN_NAMES)
          + [rules.tagging_tables.output.prov, rules.tagging_per_tag.output.prov,
             rules.tagging_step_time.output.prov])
 
@@ -318,4 +403,5 @@ rule tagging:
         expand(rules.tagging_train.output.test, run=RUN_NAMES),
         rules.tagging_baseline.output.extra,
         expand(rules.tagging_train.output.extra, run=RUN_NAMES),
+        SPACY_OUTPUTS["dev"] + SPACY_OUTPUTS["test"] + SPACY_OUTPUTS["extra"],
         recipe_target("tagging"),

@@ -31,7 +31,7 @@ from .tables import markdown_table
 
 LIBRARIES = (
     "torch", "transformers", "tokenizers", "onnx", "onnxruntime", "numpy",
-    "scipy", "snakemake", "huggingface-hub", "safetensors", "encoder-study",
+    "scipy", "snakemake", "huggingface-hub", "safetensors", "spacy", "encoder-study",
 )
 FILES_HEADING = "## Files"
 JOINED_NAME = "PROVENANCE.md"

@@ -1,4 +1,5 @@
-"""`encoder-study tagging treebank|ood|fetch|train|baseline|tables|per-tag|step-time|predict`.
+"""`encoder-study tagging treebank|ood|fetch|train|baseline|spacy-fetch|spacy|tables|per-tag|step-time|
+predict`.
 
     encoder-study tagging treebank --seed 0 --train 1500 --dev 300 --test 300 --out-dir results/treebank ...
     encoder-study tagging ood --name ood --seed 0 --sentences 200 --out results/treebank/ood.conllu ...
@@ -12,6 +13,12 @@
         --provenance provenance/tagging/tagging_train-minilm-frozen-mean.md
     encoder-study tagging baseline --run baseline --train T --dev D --test E \\
         --out-dir results/tagging/baseline ...
+    encoder-study tagging spacy-fetch --url URL --sha256 HEX --timeout 60 \\
+        --out results/tagging/spacy-packages/spacy-en-core-web-sm.whl ...
+    encoder-study tagging spacy --run spacy --source train --config config/spacy/tagger.cfg --seed 0 \\
+        --train T --dev D --test E [--extra ood=O ...] --out-dir results/tagging/spacy --batch-size 256 ...
+    encoder-study tagging spacy --run spacy-en-core-web-sm --source package --wheel W \\
+        --package en_core_web_sm --version 3.8.0 --dev D --test E ... --out-dir ... ...
     encoder-study tagging tables --run-dir results/tagging/a --run-dir results/tagging/b \\
         --gold dev=D --gold test=E --compare a:b --scores-out results/tagging/scores.csv \\
         --comparisons-out results/tagging/comparisons.csv --plot results/tagging/dev_upos.png \\
@@ -38,7 +45,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import provenance
+from .. import files, provenance
 from ..data import SPLITS
 from ..errors import UserError
 
@@ -87,6 +94,7 @@ def parser() -> argparse.ArgumentParser:
     _add_treebank_commands(sub)
     _add_train(sub)
     _add_baseline(sub)
+    _add_spacy(sub)
     _add_table_commands(sub)
     _add_step_time(sub)
     _add_predict(sub)
@@ -192,6 +200,38 @@ def _add_baseline(sub) -> None:
     p.add_argument("--run", dest="run_name", required=True, help="the run's name in the tables")
     _add_split_arguments(p, None, "NAME=PATH: an extra test set; repeat")
     p.add_argument("--out-dir", required=True, help="results/tagging/<run>")
+    p.add_argument("--resamples", type=int, required=True)
+    p.add_argument("--bootstrap-seed", type=int, required=True)
+
+
+def _add_spacy(sub) -> None:
+    """spacy-fetch and spacy: the external baseline, a spaCy pipeline on the treebank's words."""
+    p = _rule_command(sub, "spacy-fetch", "download a published spaCy pipeline's wheel (URL or path), check "
+                      "it", spacy_fetch)
+    p.add_argument("--url", required=True, help="the wheel: release asset URL, file:// URL or path")
+    p.add_argument("--sha256", required=True, help="pinned SHA-256; empty: record it instead")
+    p.add_argument("--out", required=True, help="the local .whl file to write")
+    p.add_argument("--timeout", type=float, required=True, help="seconds without data, then give up")
+
+    p = _rule_command(sub, "spacy", "tag the gold words of dev and test with a spaCy pipeline, score them",
+                      spacy)
+    p.add_argument("--run", dest="run_name", required=True, help="the run's name in the tables")
+    p.add_argument("--source", required=True, choices=["train", "package"],
+                   help="train: a pipeline trained on --train from --config; package: --wheel's pipeline")
+    p.add_argument("--config", help="train: the spaCy training config (config/spacy/tagger.cfg)")
+    p.add_argument("--seed", type=int, help="train: the config's [system] seed")
+    p.add_argument("--max-steps", type=int, help="train: the config's training.max_steps instead")
+    p.add_argument("--eval-every", type=int, help="train: the config's training.eval_frequency instead")
+    p.add_argument("--wheel", help="package: the downloaded wheel (spacy-fetch)")
+    p.add_argument("--package", help="package: the pipeline's name in the wheel, e.g. en_core_web_sm")
+    p.add_argument("--version", help="package: its version, e.g. 3.8.0")
+    p.add_argument("--train", help="train: the train split, CoNLL-U")
+    for split in SPLITS[1:]:
+        p.add_argument(f"--{split}", required=True, help=f"the {split} split, CoNLL-U")
+    p.add_argument("--extra", type=_extra, action="append", default=[],
+                   help="NAME=PATH: an extra test set, scored once like test; repeat")
+    p.add_argument("--out-dir", required=True, help="results/tagging/<run>")
+    p.add_argument("--batch-size", type=int, required=True, help="documents per spaCy batch when tagging")
     p.add_argument("--resamples", type=int, required=True)
     p.add_argument("--bootstrap-seed", type=int, required=True)
 
@@ -322,14 +362,19 @@ def fetch(args) -> int:
         by_split = {args.split: fetched.sentences}
         frag.table("Split", conllu.splits_table(by_split))
         frag.table("UPOS", conllu.upos_table(by_split))
-        if fetched.pinned:
-            frag.note(f"{args.url}: SHA-256 {fetched.sha256} (pinned and checked)")
-        else:
-            frag.note(f"{args.url}: SHA-256 {fetched.sha256}: recorded on first download, not pinned; put it "
-                      "in the config to make the next run check it")
+        _note_download(frag, args.url, fetched.sha256, fetched.pinned)
     print(f"encoder-study tagging fetch: {args.url} -> {args.out} ({len(fetched.sentences)} sentences, "
           f"SHA-256 {fetched.sha256})")
     return 0
+
+
+def _note_download(frag, url: str, sha256: str, pinned: bool) -> None:
+    """The fragment's line on a download: its SHA-256, checked against the pin or recorded to be pinned."""
+    if pinned:
+        frag.note(f"{url}: SHA-256 {sha256} (pinned and checked)")
+    else:
+        frag.note(f"{url}: SHA-256 {sha256}: recorded on first download, not pinned; put it in the config to "
+                  "make the next run check it")
 
 
 def train(args) -> int:
@@ -408,6 +453,84 @@ def baseline(args) -> int:
         frag.note("most frequent UPOS of each form in train; an unseen form gets the most frequent tag of "
                   "train (ties: the alphabetically first tag)")
     return 0
+
+
+def spacy_fetch(args) -> int:
+    from ..tagging import spacy as spacy_tagger
+
+    with provenance.Fragment(args.provenance, _settings(args)) as frag:
+        path = files.local_path(args.url)
+        if path is not None:
+            frag.inputs.append(path)
+        sha256, pinned = spacy_tagger.fetch_package(args.url, args.sha256, args.out, args.timeout)
+        frag.outputs.append(args.out)
+        _note_download(frag, args.url, sha256, pinned)
+    print(f"encoder-study tagging spacy-fetch: {args.url} -> {args.out} (SHA-256 {sha256})")
+    return 0
+
+
+def _spacy_source(args):
+    from ..tagging import spacy as spacy_tagger
+
+    needed = {"train": ("config", "seed", "train"), "package": ("wheel", "package", "version")}[args.source]
+    if missing := [f"--{name}" for name in needed if getattr(args, name) is None]:
+        raise UserError(f"--source {args.source} needs {', '.join(missing)}")
+    if args.source == "train":
+        settings = {key: value for key, value in (("training.max_steps", args.max_steps),
+                                                  ("training.eval_frequency", args.eval_every))
+                    if value is not None}
+        return spacy_tagger.Source("train", config=args.config, settings=settings)
+    return spacy_tagger.Source("package", wheel=args.wheel, package=args.package, version=args.version)
+
+
+def spacy(args) -> int:
+    import sys
+
+    from ..tagging import evaluate
+    from ..tagging import spacy as spacy_tagger
+
+    source = _spacy_source(args)
+    paths = {**({"train": args.train} if args.source == "train" else {}), "dev": args.dev, "test": args.test,
+             **_extras(args.extra)}
+    with provenance.Fragment(args.provenance, _settings(args)) as frag:
+        frag.inputs += [*paths.values(), *(p for p in (args.config, args.wheel) if p is not None)]
+        done = spacy_tagger.run(args.run_name, source, paths, args.out_dir, args.seed, args.batch_size,
+                                args.resamples, args.bootstrap_seed, log=sys.stdout)
+        frag.outputs += done.outputs
+        provenance.used("spaCy pipeline", f"{source.encoder}: {', '.join(done.record['components'])}")
+        frag.table("Scores", evaluate.scores_markdown(done.rows))
+        _spacy_notes(frag, args, done)
+    for row in done.rows:
+        print(f"{args.run_name}: {row['split']} UPOS {row['upos']:.2f} "
+              f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]")
+    return 0
+
+
+def _spacy_notes(frag, args, done) -> None:
+    """The spaCy run's fragment: its training history or its package, and how the words were tagged."""
+    from ..tables import markdown_table
+    from ..tagging import spacy as spacy_tagger
+
+    trained = done.trained
+    if trained is not None:
+        frag.table("Development history", markdown_table(
+            ["step", "epoch", "train loss", "dev UPOS"],
+            [(h["step"], h["epoch"], f"{h['train_loss']:.4f}", f"{h['dev_upos']:.2f}")
+             for h in trained.history], "rrrr"))
+        frag.note(f"trained from {args.config} (seed {args.seed}) on the train split; selected step "
+                  f"{trained.best_step} (development UPOS {trained.best_dev_upos:.2f}), spaCy's model-best; "
+                  "every split tagged by the saved pipeline, reloaded")
+        if not done.record["dev_upos_check"]:
+            frag.note("WARNING: the saved pipeline's development score differs from the one that selected "
+                      "it")
+    else:
+        frag.note(f"published pipeline {done.record['encoder']}, unpacked from {args.wheel} (SHA-256 "
+                  f"{done.record['source']['wheel_sha256']})")
+    frag.note("each sentence's gold words (a multiword token's words, not its surface form) as one spaCy "
+              "Doc through every component; UPOS from token.pos_")
+    for split, counts in done.record["not_ud"].items():
+        if counts:
+            frag.note(f"{split}: spaCy POS outside UD's tags, scored as {spacy_tagger.NOT_UD}: {counts}")
 
 
 def tables(args) -> int:

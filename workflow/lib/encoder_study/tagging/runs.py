@@ -99,7 +99,7 @@ def read_splits(paths: dict[str, str | os.PathLike]) -> dict[str, list[Sentence]
     return {split: conllu.read_conllu(path) for split, path in paths.items()}
 
 
-def _split_record(path: str | os.PathLike) -> dict:
+def split_record(path: str | os.PathLike) -> dict:
     return {"path": Path(path).as_posix(), "sha256": files.sha256_file(path)}
 
 
@@ -153,7 +153,7 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
         "encoder_options": dataclasses.asdict(options),
         "selected": {"step": result.best_step, "dev_upos": result.best_dev_upos},
         "stopped": result.stopped, "steps": result.steps, "epochs": result.epochs,
-        "splits": {split: _split_record(paths[split]) for split in ("train", *scored)},
+        "splits": {split: split_record(paths[split]) for split in ("train", *scored)},
     }
     # The development score of the selected weights, recomputed from the written file, must be the
     # one that selected them; a difference would mean the weights put back are not the ones scored.
@@ -189,7 +189,7 @@ def baseline_run(run: str, paths: dict[str, str | os.PathLike], out_dir: str | o
     evaluate.write_scores(out_dir / SCORES, rows)
     files.write_json(out_dir / RUN_JSON, {
         "run": run, "encoder": "none", "mode": "baseline", "pooling": "none",
-        "splits": {split: _split_record(paths[split]) for split in ("train", *scored)}})
+        "splits": {split: split_record(paths[split]) for split in ("train", *scored)}})
     outputs = [pred_path(out_dir, split) for split in scored]
     outputs += [out_dir / name for name in (SCORES, "scores.md", RUN_JSON)]
     return rows, outputs
