@@ -99,7 +99,8 @@ rule all:
         rules.retrieval.input,
         rules.student.input,
         rules.export_table.output,  # every export's row needs the student and retrieval
-        REPORT_PAGES,  # the tables as HTML, for snakemake --report
+        REPORT_PAGES,  # the tables as HTML, and the run's recorded settings, for snakemake --report
+        REPORT_LANDING,  # the report's landing page: after the crate, whose digest it shows
         rules.provenance_crate.output.crate,  # the run's Workflow Run RO-Crate, from every fragment
         # config/rehearsal.yaml: every rule's measured peak beside its resources, once every rule ran
         [rules.rehearsal_resources.output.table] if config["rehearsal"]["enabled"] else [],

@@ -219,19 +219,27 @@ def test_second_run_does_nothing(small_workflow):
     assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr
 
 
-def test_report_holds_every_table_and_plot_with_a_caption(small_workflow):
-    import json
+def _report(workflow: Path, name: str, *args: str) -> tuple[set[str], dict, str, str]:
+    """`snakemake --report <name>` in `workflow`: the archive's names, the results as Snakemake embeds them
+    in its page (path -> name, caption, data_uri, ...), its landing page (the workflow's description) and
+    the HTML scores page."""
     import zipfile
 
-    result = snakemake("--report", "report.zip", cwd=small_workflow)
+    result = snakemake("--report", name, *args, cwd=workflow)
     assert result.returncode == 0, result.stdout + result.stderr
-    with zipfile.ZipFile(small_workflow / "report.zip") as archive:
+    with zipfile.ZipFile(workflow / name) as archive:
         names = set(archive.namelist())
         page = archive.read("report/report.html").decode()
-        # The report's results as Snakemake embeds them in its page: path -> name, caption, data_uri, ...
         at = page.index("var results = ", page.index('<script id="results">')) + len("var results = ")
         results, _ = json.JSONDecoder().raw_decode(page, at)
+        at = page.index("var workflow_desc = ") + len("var workflow_desc = ")
+        landing, _ = json.JSONDecoder().raw_decode(page, at)
         scores = archive.read(f"report/{results['results/report/tagging/scores.html']['data_uri']}").decode()
+    return names, results, landing, scores
+
+
+def test_report_holds_every_table_and_plot_with_a_caption(small_workflow):
+    names, results, landing, scores = _report(small_workflow, "report.zip")
     results_dir = small_workflow / "results"
     expected = {p.relative_to(small_workflow).as_posix() for p in results_dir.rglob("*")
                 if p.suffix in (".csv", ".png", ".html") and not p.is_relative_to(results_dir / "sources")}
@@ -244,9 +252,29 @@ def test_report_holds_every_table_and_plot_with_a_caption(small_workflow):
     assert expected == set(results), expected ^ set(results)
     for path, entry in results.items():
         assert f"report/{entry['data_uri']}" in names, path
-        assert "Method:" in entry["caption"] and "synthetic treebank" in entry["caption"], path
+        # How it was computed, and the run's own settings (report_facts), every one recorded.
+        caption = entry["caption"]
+        assert "Method:" in caption and "<strong>Recorded</strong> (from the run" in caption, path
+        assert "not recorded in this run" not in caption, path
+    assert "synthetic treebank" in results["results/tagging/scores.csv"]["caption"]
+    assert "project's own multilingual sample" in results["results/parity/inference.csv"]["caption"]
     # The scores as a table, each accuracy with its interval in one cell.
     assert "<table>" in scores and "UPOS [95% CI]" in scores
+    # The landing page: the study, the headline tables, the run's digest and its config file.
+    digest = (small_workflow / "ro-crate-metadata.sha256").read_text().split()[0]
+    assert "The encoder study: this run" in landing and "tiny-frozen - baseline" in landing
+    assert digest in landing and "config/config.yaml" in landing
+
+
+def test_report_captions_are_the_runs_whatever_the_config(small_workflow, tmp_path):
+    """The captions and the landing page say what ran, not what the config `--report` is given says."""
+    other = tmp_path / "other.yaml"
+    other.write_text("tagging: {resamples: 500, seed: 7}\nexport: {tolerance: 0.5}\ntexts: {seed: 3}\n")
+    _, ran, ran_landing, _ = _report(small_workflow, "ran.zip")
+    _, told, told_landing, _ = _report(small_workflow, "told.zip", "--configfile", str(other))
+    assert {p: e["caption"] for p, e in told.items()} == {p: e["caption"] for p, e in ran.items()}
+    assert told_landing == ran_landing
+    assert "200 sentence resamples" in ran["results/tagging/scores.csv"]["caption"]
 
 
 @pytest.mark.parametrize("cores, cpus", [("1", None), ("5", "0"), (None, None)])

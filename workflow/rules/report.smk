@@ -1,8 +1,19 @@
-# HTML renderings of the study's tables for `snakemake --report report.zip`, whose viewer offers a CSV only
-# as a download. Each page renders the table's formatted Markdown (the same digits as the .md), with each
-# interval joined to its value. Command: `encoder-study report table` (encoder_study.commands.report).
-# Library: encoder_study.report_html. Presentation only: no provenance fragment (the .md's own fragment
-# holds the numbers' provenance).
+# What `snakemake --report report.zip` shows beside the tables and plots the recipes mark for it:
+# - HTML renderings of the study's tables (its viewer offers a CSV only as a download): each page renders
+#   the table's formatted Markdown (the same digits as the .md), each interval joined to its value;
+# - the run's facts that the captions cite (workflow/report/*.rst include results/report/settings.rst) and
+#   a page of every job's recorded settings, both from the fragments' JSON twins: the captions say what
+#   ran, whatever config the report is built with;
+# - the landing page (the workflow's description, workflow/report/workflow.rst, includes
+#   results/report/landing.rst): the study in three sentences, the headline tables, the run's digest,
+#   commit and config files.
+# Command: `encoder-study report table|settings|landing` (encoder_study.commands.report). Libraries:
+# encoder_study.report_html, report_facts, report_landing. Presentation only: no provenance fragment (the
+# fragments they read hold the numbers' provenance).
+
+
+report: "../report/workflow.rst"
+
 
 # name -> (the .md's folder under results/ and its stem, recipe (the report's category), subcategory,
 # caption in workflow/report/, title)
@@ -54,4 +65,72 @@ for _name, (_folder, _stem, _recipe, _subcategory, _caption, _title) in sorted(R
             " > {log:q} 2>&1"
 
 
+# The facts the captions cite, from every fragment `all` makes; the page lists each job's settings.
+REPORT_SETTINGS = "results/report/run_settings.html"
+
+
+rule report_settings:
+    input:
+        fragments=crate_fragments,
+        code=lib_code("report", "settings"),
+    output:
+        rst="results/report/settings.rst",
+        html=report(REPORT_SETTINGS, caption="../report/run_settings.rst", category="run"),
+    localrule: True
+    log:
+        "logs/report/report_settings.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study report settings {input.fragments:q} --rst {output.rst:q} --html {output.html:q}"
+        " > {log:q} 2>&1"
+
+
 REPORT_PAGES = [f"results/report/{folder}/{stem}.html" for folder, stem, *_ in REPORT_TABLES.values()]
+REPORT_PAGES.append(REPORT_SETTINGS)
+
+# The landing page's headline tables: role -> the formatted Markdown of a REPORT_TABLES entry.
+LANDING_TABLES = {
+    role: "results/{}/{}.md".format(*REPORT_TABLES[name][:2])
+    for role, name in (("exports", "models_exports"), ("scores", "tagging_scores"),
+                       ("comparisons", "tagging_comparisons"), ("inference", "parity_inference"),
+                       ("trainable", "parity_trainable"), ("student", "student_parity"),
+                       ("retrieval", "retrieval_parity"))
+}
+
+
+# The config files this invocation read, in the order they apply (the Snakefile's, then each --configfile),
+# relative to the working directory where they lie under it.
+_GIVEN = [Path(f).absolute() for f in workflow.config_settings.configfiles]
+RUN_CONFIGFILES = [
+    os.path.relpath(f) if Path(f).absolute().is_relative_to(Path.cwd()) else str(f)
+    for f in [Path(f) for f in workflow.configfiles if Path(f).absolute() not in _GIVEN] + _GIVEN
+]
+
+
+rule report_landing:
+    input:
+        fragments=crate_fragments,
+        tables=list(LANDING_TABLES.values()),
+        # The run's digest, which the crate step writes beside the crate: this page comes after the
+        # crate, so the crate cannot hold it.
+        digest=rules.provenance_crate.output.digest,
+        configfiles=RUN_CONFIGFILES,
+        code=lib_code("report", "landing"),
+    output:
+        "results/report/landing.rst",
+    params:
+        tables=" ".join(f"--table {shlex.quote(f'{role}={path}')}" for role, path in LANDING_TABLES.items()),
+        configfiles=" ".join(f"--configfile {shlex.quote(f)}" for f in RUN_CONFIGFILES),
+        overrides=json.dumps(dict(workflow.config_settings.config), sort_keys=True, default=str),
+    localrule: True
+    log:
+        "logs/report/report_landing.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study report landing {input.fragments:q} {params.tables} --digest {input.digest:q}"
+        " {params.configfiles} --overrides {params.overrides:q} --out {output:q} > {log:q} 2>&1"
+
+
+REPORT_LANDING = rules.report_landing.output[0]
