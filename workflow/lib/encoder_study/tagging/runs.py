@@ -251,7 +251,8 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
         comparisons = _compare(runs, gold, compare, resamples, seed, inputs)
         outputs += list(evaluate.write_comparisons(comparisons_out, comparisons, caption))
         if comparisons_plot is not None:
-            evaluate.plot_comparisons(comparisons, comparisons_plot)
+            # A panel per encoder of run a: a random model's differences do not set the others' scale.
+            evaluate.plot_comparisons(comparisons, comparisons_plot, {r["run"]: r["encoder"] for r in scores})
             outputs.append(Path(comparisons_plot))
     elif comparisons_plot is not None:
         raise RunError("a comparisons plot asked for without comparisons (--compare)")
