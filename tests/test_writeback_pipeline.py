@@ -1,6 +1,7 @@
-"""Pipeline files whose fine-tuned encoder is written into a graph beside them (format /2): the round
-trip to a frozen encoder with the run's predictions, equal bytes, the inline option, files written
-before /2 existed, refusals of a missing or changed graph, and nothing half-written."""
+"""Pipeline files whose fine-tuned tagger is written into a graph beside them (format /3): the round
+trip to one ONNX Runtime session with the run's predictions, equal bytes, the inline option, files
+written before /2 and /3 existed, refusals of a missing or changed graph, and nothing half-written.
+The graph itself (byte identity, the head, the pooling): test_writeback_graph.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from conftest import runner
 from encoder_study import artefacts, files, writeback
 from encoder_study.data import conllu, synthetic
 from encoder_study.frozen import FrozenEncoder
+from encoder_study.onnx import names, patch
 from encoder_study.tagging import pipeline
+from encoder_study.tagging.graph import GraphTagger
 from encoder_study.tagging.tagger import Tagger
 from encoder_study.trainable.words import TrainableEncoder
 
@@ -47,6 +50,8 @@ def finetuned(model_dir, pooling="mean", train_tokens=False, seed=1) -> Tagger:
 
 
 def logits(tagger, docs) -> np.ndarray:
+    if isinstance(tagger, GraphTagger):
+        return np.concatenate(tagger.logits(docs))
     with torch.no_grad():
         return tagger(docs).numpy()
 
@@ -70,15 +75,20 @@ def test_graph_pipeline_round_trip(tiny_exports, minilm_export, test_docs, tmp_p
     assert saved.graph == out / GRAPH and saved.report.rewritten
     assert ("model.embeddings.word_embeddings.weight" in saved.report.rewritten
             or "model.embeddings.tok_embeddings.weight" in saved.report.rewritten) == train_tokens
+    assert saved.report.appended == [names.HEAD_WEIGHT, names.HEAD_BIAS]
+    assert saved.report.appended_inputs == ["word_pieces"]
+    assert saved.report.appended_outputs == ["logits", "tags"]
     settings, tensors = pipeline.read(saved.path)
-    assert settings["format"] == pipeline.GRAPH_FORMAT and settings["kind"] == "transformer"
+    assert settings["format"] == pipeline.TAGGER_FORMAT and settings["kind"] == "transformer"
     assert settings["encoder"]["graph"] == {"file": GRAPH, "sha256": files.sha256_file(out / GRAPH),
                                             "bytes": (out / GRAPH).stat().st_size}
-    assert sorted(tensors) == ["head.bias", "head.weight"]  # the encoder's weights are in the graph
+    assert settings["encoder"]["settings"] == {"pooling": pooling, "max_length": 64, "batch_size": 8,
+                                               "optimization": "all"}
+    assert tensors == {}  # the encoder's weights and the head's are in the graph
     assert settings["training"] == {"run": name}
 
     loaded = pipeline.load(saved.path)
-    assert isinstance(loaded.encoder, FrozenEncoder) and loaded.encoder.graph == out / GRAPH
+    assert isinstance(loaded, GraphTagger) and loaded.graph == out / GRAPH
     assert (loaded.encoder.pooling, loaded.encoder.max_length_requested) == (pooling, 64)
     ours, theirs = logits(tagger, test_docs), logits(loaded, test_docs)
     print(f"{name}: logits of the written graph vs the modules, max abs {np.abs(ours - theirs).max():.2g}")
@@ -94,13 +104,25 @@ def test_graph_pipeline_round_trip(tiny_exports, minilm_export, test_docs, tmp_p
             assert (other / part).read_bytes() == (out / part).read_bytes()
 
 
-def test_unchanged_weights_give_the_export_bytes(tiny_exports, tmp_path):
-    model_dir = tiny_exports["bert-tiny"]
-    tagger = Tagger(TrainableEncoder(model_dir, freeze_embeddings=False))
-    saved = writeback.save_with_graph(tagger, tmp_path / "tagger.safetensors")
-    assert saved.graph.name == "tagger.encoder0.onnx"  # <stem>.encoder0.onnx
-    assert saved.graph.read_bytes() == (model_dir / "model.onnx").read_bytes()
-    assert not saved.report.rewritten
+def test_a_format_2_pair_still_loads_as_a_frozen_encoder(tiny_exports, test_docs, tmp_path):
+    """The pair the recipe wrote before /3: the encoder alone in the graph, the head in the file."""
+    model_dir = tiny_exports["xlmr-tiny"]
+    tagger = finetuned(model_dir, "first")
+    source = model_dir / "model.onnx"
+
+    def encoder_only(target):
+        return patch.patch(source, target, writeback.module_weights_to_graph(tagger.encoder.encoder, source))
+
+    path = pipeline.save_pair(tagger, tmp_path / "old" / pipeline.FILE_NAME, encoder_only, {"run": "x"}).path
+    settings, tensors = pipeline.read(path)
+    assert settings["format"] == pipeline.GRAPH_FORMAT and sorted(tensors) == ["head.bias", "head.weight"]
+    loaded = pipeline.load(path)
+    assert isinstance(loaded.encoder, FrozenEncoder) and loaded.encoder.graph == path.with_name(GRAPH)
+    assert np.abs(logits(loaded, test_docs) - logits(tagger, test_docs)).max() < 1e-4
+    assert loaded.predict(test_docs) == tagger.predict(test_docs)
+    copied = pipeline.save(loaded, tmp_path / "copy" / pipeline.FILE_NAME, training={"run": "x"})
+    for part in (pipeline.FILE_NAME, GRAPH):
+        assert (copied.parent / part).read_bytes() == (path.parent / part).read_bytes()
 
 
 def test_an_inline_pipeline_keeps_a_trainable_encoder(tiny_exports, test_docs, tmp_path):
@@ -201,7 +223,7 @@ def test_an_unknown_format_is_refused(tiny_exports, tmp_path):
     tagger = finetuned(tiny_exports["bert-tiny"])
     path = writeback.save_with_graph(tagger, tmp_path / pipeline.FILE_NAME).path
     settings, tensors = pipeline.read(path)
-    for change, match in (({"format": "encoder_study.tagging.pipeline/3"}, "this code reads"),
+    for change, match in (({"format": "encoder_study.tagging.pipeline/4"}, "this code reads"),
                           ({"encoder": {**settings["encoder"], "graph": {**settings["encoder"]["graph"],
                                                                          "file": "../model.onnx"}}},
                            "plain file name"),
@@ -251,7 +273,7 @@ def test_a_moved_pair_loads_and_a_pipeline_moved_alone_does_not(tiny_exports, tm
     with pytest.raises(pipeline.PipelineError, match="missing"):
         pipeline.load(moved / pipeline.FILE_NAME)
     shutil.copy(path.with_name(GRAPH), moved / GRAPH)
-    assert isinstance(pipeline.load(moved / pipeline.FILE_NAME).encoder, FrozenEncoder)
+    assert isinstance(pipeline.load(moved / pipeline.FILE_NAME), GraphTagger)
 
 
 def test_a_failed_patch_leaves_nothing(tiny_exports, tmp_path):
@@ -300,9 +322,9 @@ def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, t
 
     bank = synthetic.write_synthetic(tmp_path / "bank", seed=0, sizes={"train": 2, "dev": 2, "test": 40})
     texts = tmp_path / "texts.jsonl"
+    sample = ["The bank floods.", "Ça va très bien, merci !", "Ein längerer Satz " * 30]
     texts.write_text("".join(json.dumps({"id": str(i), "source": "test", "lang": "eng", "text": t}) + "\n"
-                             for i, t in enumerate(["The bank floods.", "Ça va très bien, merci !",
-                                                    "Ein längerer Satz " * 30])), encoding="utf-8")
+                             for i, t in enumerate(sample)), encoding="utf-8")
     runs = []
     for name in ("bert-tiny", "modernbert-tiny"):
         inline = tmp_path / "tagging" / name / pipeline.FILE_NAME
@@ -329,10 +351,12 @@ def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, t
         for comparison in writeback.COMPARISONS]
     for r in rows:
         assert int(r["tokens"]) > 50
-        if r["comparison"] == "written graph vs modules":
-            assert float(r["max_abs"]) < 1e-5 and float(r["min_cos"]) > 0.99999
-        else:  # the export's own graph: the moved weights show
+        if r["comparison"] == "export graph vs modules":  # the export's own graph: the moved weights show
             assert float(r["max_abs"]) > 1e-3
+        else:  # the written graph's states, and the written pipeline's logits (every word of the texts)
+            assert float(r["max_abs"]) < 1e-5 and float(r["min_cos"]) > 0.99999
+    words = sum(len(t.split()) for t in sample)
+    assert [r["tokens"] for r in rows if r["comparison"] == writeback.COMPARISONS[2]] == [str(words)] * 2
 
     agreement, rows = command("agreement", "--test", str(bank["test"]), "--pred-dir",
                               str(tmp_path / "writeback"), "--resamples", "200", "--seed", "0",
@@ -353,6 +377,8 @@ def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, t
             assert float(r[f"{impl}_seconds"]) >= 0.05
             assert float(r[f"{impl}_fraction_of_gemm"]) == pytest.approx(
                 float(r[f"{impl}_gflops"]) / float(r["gemm_gflops"]))
+            single = next(q for q in rows if q["run"] == r["run"] and q["threads"] == "1")
+            assert float(r[f"{impl}_scaling"]) == pytest.approx(mid / float(single[f"{impl}_tok_s"]))
 
     # Equal inputs, equal bytes (the timing table aside).
     before = {p: p.read_bytes() for p in (parity, agreement)}

@@ -4,9 +4,15 @@ A fine-tuned run's pipeline (results/tagging/<run>/pipeline.safetensors) keeps i
 the training reference. This stage writes its graph pipeline and checks it against that reference:
 
     weights = module_weights_to_graph(encoder, "results/models/bert-tiny")   # the graph's names, layout
+    head = head_weights_to_graph(tagger.head)                                 # the head's, alike
     saved = save_with_graph(tagger, "results/writeback/R/pipeline.safetensors")  # + pipeline.encoder0.onnx
     write_pipeline(inline, out, threads)                    # the same from an inline pipeline file
     parity_rows(...), agreement_row(...), speed_rows(...)   # the three tables' rows
+
+The written graph is the whole tagger (`tagging.graph`): the encoder with the run's word pooling, the
+linear head and the tags appended, so that the graph path is one ONNX Runtime session from piece ids
+(and the piece-to-word map) to tags, with no PyTorch between batches. It keeps the encoder's
+`last_hidden_state` output, so it is the encoder-only graph too (parity reads the states from it).
 
 Tables (each with a Markdown rendering beside it, one row per run and comparison or thread count):
 
@@ -18,13 +24,16 @@ Tables (each with a Markdown rendering beside it, one row per run and comparison
 
 `parity` compares, one text per run and every token, ONNX Runtime on the written graph with the
 trainable modules the weights came from; the export's own graph against the same modules is the
-control row (it shows how far fine-tuning moved the states). `agreement` tags the test split through
-both pipelines: the written graph's UPOS with its sentence-bootstrap interval (`tagging.evaluate`)
-and how many tokens' tags differ. `speed` times tagging through both; it is indicative, and excluded
-from the byte-identity promise.
+control row (it shows how far fine-tuning moved the states); and the written pipeline's logits, every
+word of the same texts (words split at whitespace), against the inline tagger's. `agreement` tags the
+test split through both pipelines: the written graph's UPOS with its sentence-bootstrap interval
+(`tagging.evaluate`) and how many tokens' tags differ. `speed` times tagging through both, the
+graph's tokens/s against its own at 1 thread beside it (`graph_scaling`); it is indicative, and
+excluded from the byte-identity promise.
 
-The graph is written by `onnx.patch` (only the changed initializers' bytes differ) under the names
-`onnx.names` gives; the distilled student's layout is `trainable.postnorm`'s.
+The graph is written by `onnx.patch` (only the changed initializers' bytes differ, and the head's
+nodes, inputs, outputs and weights are added after the export's) under the names `onnx.names` gives;
+the distilled student's layout is `trainable.postnorm`'s.
 """
 
 from __future__ import annotations
@@ -39,17 +48,18 @@ from . import files, machine, manifest, perf, plots, tables
 from .data import conllu
 from .onnx import names, patch
 from .onnx.patch import WritebackError
+from .tagging import graph as tagging_graph
 from .tagging import pipeline
 
 PARITY_COLUMNS = ["run", "encoder", "comparison", "tokens", "max_abs", "mean_abs", "max_value", "min_cos"]
-COMPARISONS = ("written graph vs modules", "export graph vs modules")
+COMPARISONS = ("written graph vs modules", "export graph vs modules", "written pipeline logits vs modules")
 AGREEMENT_COLUMNS = ["run", "encoder", "split", "tokens", "sentences", "differing_tokens", "upos", "ci_low",
                      "ci_high", "upos_inline", "resamples", "seed"]
 SPEED_COLUMNS = ["run", "encoder", "threads", "sentences", "tokens", "repeats", "modules_tok_s",
                  "graph_tok_s", "ratio", "modules_tok_s_min", "modules_tok_s_max", "graph_tok_s_min",
                  "graph_tok_s_max", "modules_repeats", "graph_repeats", "modules_seconds", "graph_seconds",
                  "gflop", "modules_gflops", "graph_gflops", "gemm_gflops", "modules_fraction_of_gemm",
-                 "graph_fraction_of_gemm"]
+                 "graph_fraction_of_gemm", "modules_scaling", "graph_scaling"]
 # The Markdown renderings' columns (tables.markdown): (key, title, format).
 PARITY_MARKDOWN = (("run", "run", ""), ("encoder", "encoder", ""), ("comparison", "comparison", ""),
                    *tables.PARITY_COLUMNS)
@@ -57,10 +67,13 @@ SPEED_MARKDOWN = (("run", "run", ""), ("encoder", "encoder", ""), ("threads", "t
                   ("tokens", "tokens", "n"), ("modules_tok_s", "modules (tok/s)", ",.0f"),
                   ("graph_tok_s", "written graph (tok/s)", ",.0f"), ("ratio", "ratio", ".1f"),
                   ("modules_fraction_of_gemm", "modules of GEMM", ".2f"),
-                  ("graph_fraction_of_gemm", "graph of GEMM", ".2f"), ("repeats", "passes", "n"))
+                  ("graph_fraction_of_gemm", "graph of GEMM", ".2f"),
+                  ("graph_scaling", "graph vs 1 thread", ".2f"), ("repeats", "passes", "n"))
 
 __all__ = ["AGREEMENT_COLUMNS", "COMPARISONS", "PARITY_COLUMNS", "SPEED_COLUMNS", "WritebackError",
-           "agreement_markdown", "agreement_row", "module_weights_to_graph", "parity_markdown",
+           "agreement_markdown", "agreement_row", "head_appendix", "head_weights_to_graph",
+           "module_weights_to_graph",
+           "parity_markdown",
            "parity_rows", "plot_speed", "save_with_graph", "speed_bar", "speed_markdown", "speed_rows",
            "write_pipeline"]
 
@@ -136,6 +149,17 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     return out
 
 
+def head_weights_to_graph(head) -> dict[str, np.ndarray]:
+    """A tagger's linear head under the names a written pipeline graph reads it by (`onnx.names`), its
+    weight [in, out] as the export's linear weights: read-only views, as `module_weights_to_graph`'s."""
+    return {names.HEAD_WEIGHT: _param(head.weight, transpose=True), names.HEAD_BIAS: _param(head.bias)}
+
+
+def head_appendix(width: int, tags: int, pooling: str) -> patch.Appendix:
+    """What the patcher appends to an encoder's graph to make it the whole tagger (`tagging.graph`)."""
+    return patch.Appendix(**tagging_graph.head(width, tags, pooling))
+
+
 def _student_weights(path: Path, encoder, params: dict, prefix: str, include_tokens: bool
                      ) -> dict[str, np.ndarray]:
     """The student layout: names fixed by the export, layout known by name, no anonymous weights."""
@@ -197,8 +221,9 @@ def _folded_positions(streamed: patch.StreamedGraph, graph_names: names.WeightNa
 # -- the graph pipeline ---------------------------------------------------------------------------------
 
 def save_with_graph(tagger, path: str | os.PathLike, training: dict | None = None) -> pipeline.Saved:
-    """Save a fine-tuned tagger as a graph pipeline (format /2): its encoder's weights written into a copy
-    of the graph they were read from, `<stem>.encoder0.onnx` beside `path` (see tagging.pipeline).
+    """Save a fine-tuned tagger as a graph pipeline (format /3): its encoder's weights written into a copy
+    of the graph they were read from, `<stem>.encoder0.onnx` beside `path`, with the word pooling and the
+    head (its weights written as the encoder's) appended (see tagging.pipeline and tagging.graph).
 
     Equal weights and settings give equal bytes in both files. Other taggers are saved by
     `pipeline.save` (which copies the graph of a tagger loaded from a /2 file).
@@ -212,9 +237,11 @@ def save_with_graph(tagger, path: str | os.PathLike, training: dict | None = Non
     files.check_file(source, encoder.file_hashes[manifest.ONNX_FILE], what="the graph the encoder came from")
 
     def write_graph(target: Path) -> patch.PatchReport:
-        return patch.patch(source, target, module_weights_to_graph(encoder.encoder, source))
+        weights = {**module_weights_to_graph(encoder.encoder, source), **head_weights_to_graph(tagger.head)}
+        appended = head_appendix(encoder.width, len(tagger.tags), encoder.pooling)
+        return patch.patch(source, target, weights, appended=appended)
 
-    return pipeline.save_pair(tagger, path, write_graph, training)
+    return pipeline.save_pair(tagger, path, write_graph, training, form=pipeline.TAGGER_FORMAT)
 
 
 def _mib(kib: int) -> float:
@@ -254,6 +281,10 @@ def patch_markdown(report: patch.PatchReport) -> str:
         ("Identity names made initializers", len(report.materialized)),
         ("given, equal to the graph's (left as they were)", len(report.unchanged)),
         ("rewritten from float_data to raw_data", len(report.from_float_data)),
+        ("appended: the head's initializers", len(report.appended)),
+        ("appended: nodes (word pooling, head, tags)", report.appended_nodes),
+        ("appended: graph inputs, outputs", f"{', '.join(report.appended_inputs) or '-'}; "
+                                            f"{', '.join(report.appended_outputs) or '-'}"),
         ("bytes written", f"{report.bytes_written:,}")], "lr")
 
 
@@ -282,7 +313,8 @@ def memory_notes(done: dict) -> list[str]:
             "was reset (/proc/self/clear_refs) after loading, so loading is not in it"
             if done["peak_reset"] else "could not be reset, so it includes loading"),
         f"written graph {saved.graph.name}: {size:,} bytes, the export's model.onnx "
-        f"{done['source_bytes']:,} bytes; only the rewritten initializers' values differ",
+        f"{done['source_bytes']:,} bytes; only the rewritten initializers' values differ, and the head "
+        f"is appended ({report.appended_nodes} nodes, {len(report.appended)} initializers)",
         f"{saved.path}: {len(report.rewritten)} initializers rewritten, {len(report.materialized)} "
         f"materialised; writing: peak {_mib(peak):.1f} MiB resident, {_mib(added):.1f} MiB added, graph "
         f"{size / 2**20:.1f} MiB"]
@@ -301,31 +333,40 @@ def _encoder_name(tagger) -> str:
 
 def parity_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, texts: list[str],
                 threads: int) -> list[dict]:
-    """The written graph (ONNX Runtime) and the export's graph against the modules, every token."""
+    """The written graph (ONNX Runtime) and the export's graph against the modules, every token; and the
+    written pipeline's logits against the inline tagger's, every word (COMPARISONS, in order)."""
     import torch
 
     from . import compare, runtime, tokens
     from .machine import torch_threads
 
-    modules = pipeline.load(inline, threads=threads).encoder
-    graph = pipeline.load(written, threads=threads).encoder
+    tagger = pipeline.load(inline, threads=threads)
+    graph = pipeline.load(written, threads=threads)
     torch_threads(threads)
-    export = runtime.ort_session(graph.model_dir / manifest.ONNX_FILE, graph.threads, graph.optimization)
+    feeds_of = graph.encoder
+    export = runtime.ort_session(feeds_of.model_dir / manifest.ONNX_FILE, graph.threads, graph.optimization)
     # The parity recipe's tokenisation: the tokenizer's special tokens, cut to the model's positions.
-    reader = tokens.TextPieces(graph.model_dir / manifest.TOKENIZER_FILE,
-                               runtime.usable_positions(graph.config), graph.pad_id)
+    reader = tokens.TextPieces(feeds_of.model_dir / manifest.TOKENIZER_FILE,
+                               runtime.usable_positions(feeds_of.config), feeds_of.pad_id)
     rows, _ = reader.encode(texts)
-    feeds = [dict(zip(runtime.INPUTS, runtime.pad_batch([row], graph.pad_id), strict=True)) for row in rows]
+    feeds = [runtime.pad_batch([row], feeds_of.pad_id) for row in rows]
+    docs = [tokens.Doc.from_words(text.split()) for text in texts]
     # One runtime at a time: ONNX Runtime's idle threads spin, and would slow PyTorch beside them.
     with torch.no_grad():
-        mine = [modules.encoder(torch.from_numpy(f["input_ids"]), torch.from_numpy(f["attention_mask"]))[0]
-                .numpy() for f in feeds]
-    pairs = {}
-    for name, session in zip(COMPARISONS, (graph.session, export), strict=True):
-        pairs[name] = compare.Accumulator()
-        for reference, f in zip(mine, feeds, strict=True):
-            pairs[name].add(reference, session.run([runtime.OUTPUT], f)[0][0])
-    encoder = graph.manifest.get("model", "")
+        mine = [tagger.encoder.encoder(torch.from_numpy(ids), torch.from_numpy(mask))[0].numpy()
+                for ids, mask in feeds]
+        logits = tagger(docs).numpy()
+
+    def export_states(ids, mask):
+        return export.run([runtime.OUTPUT], {"input_ids": ids, "attention_mask": mask})[0]
+
+    pairs = {name: compare.Accumulator() for name in COMPARISONS}
+    for name, states in zip(COMPARISONS[:2], (graph.hidden_states, export_states), strict=True):
+        for reference, (ids, mask) in zip(mine, feeds, strict=True):
+            pairs[name].add(reference, states(ids, mask)[0])
+    pairs[COMPARISONS[2]].add(logits, np.concatenate([np.zeros((0, len(graph.tags)), np.float32),
+                                                      *graph.logits(docs)]))
+    encoder = feeds_of.manifest.get("model", "")
     return [{"run": run, "encoder": encoder, "comparison": name,
              **{k: v for k, v in acc.row().items() if k in PARITY_COLUMNS}} for name, acc in pairs.items()]
 
@@ -371,17 +412,19 @@ def agreement_markdown(rows: list[dict]) -> str:
 def _tag_all(tagger, batches) -> None:
     """One pass: tag every batch, nothing cached from an earlier pass."""
     if hasattr(tagger.encoder, "clear_cache"):
-        tagger.encoder.clear_cache()  # the frozen encoder keeps each document's vectors
+        tagger.encoder.clear_cache()  # a /2 file's frozen encoder keeps each document's vectors
     for batch in batches:
-        tagger.predict_ids(batch, batch_words=sys.maxsize)  # one forward per batch of documents
+        tagger.predict_ids(batch, batch_words=sys.maxsize)  # one forward (graph: one run) per batch
 
 
 def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, sentences, batch: int,
                thread_counts: list[int], warmup: int, repeats: int, min_seconds: float) -> list[dict]:
     """Tokens per second of the inline modules and the written graph at each thread count: the median
-    pass of at least `repeats` passes and `min_seconds` of passes each, the two taking turns, with the
-    slowest and fastest pass; and the rate against the machine's matrix-multiply rate at those threads
-    (counted on the windows the encoder runs, each at its own length: padding is not counted as work)."""
+    pass of at least `repeats` passes and `min_seconds` of passes each, the two taking turns in blocks
+    (`perf.measure`: each runtime's threads wind down before the other's are timed), with the slowest
+    and fastest pass; the rate against the machine's matrix-multiply rate at those threads (counted on
+    the windows the encoder runs, each at its own length: padding is not counted as work); and each
+    rate over the same implementation's at 1 thread (`*_scaling`, when 1 is among `thread_counts`)."""
     docs = [s.doc() for s in sentences]
     tokens = sum(len(d.words) for d in docs)
     batches = [docs[i:i + batch] for i in range(0, len(docs), batch)]
@@ -397,7 +440,8 @@ def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, 
         gemm = perf.gemm_rate(threads, min_seconds)
         times = perf.measure({"modules": lambda m=modules: _tag_all(m, batches),
                               "graph": lambda g=graph: _tag_all(g, batches)},
-                             min_seconds, min_repeats=repeats, warmup=warmup)
+                             min_seconds, min_repeats=repeats, warmup=warmup,
+                             block_seconds=perf.BLOCK_SECONDS)
         mod, gra = perf.Spread.of(times["modules"]), perf.Spread.of(times["graph"])
         rows.append({"run": run, "encoder": _encoder_name(graph), "threads": threads,
                      "sentences": len(docs), "tokens": tokens, "repeats": min(mod.repeats, gra.repeats),
@@ -410,6 +454,10 @@ def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, 
                      "modules_gflops": flops / mod.median / 1e9, "graph_gflops": flops / gra.median / 1e9,
                      "gemm_gflops": gemm, "modules_fraction_of_gemm": flops / mod.median / 1e9 / gemm,
                      "graph_fraction_of_gemm": flops / gra.median / 1e9 / gemm})
+    single = next((r for r in rows if r["threads"] == 1), None)
+    for r in rows:
+        for impl in ("modules", "graph"):
+            r[f"{impl}_scaling"] = r[f"{impl}_tok_s"] / single[f"{impl}_tok_s"] if single else ""
     return rows
 
 

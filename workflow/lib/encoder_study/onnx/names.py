@@ -189,3 +189,10 @@ def table_prefix(path: Path, names: Iterable[str]) -> str:
         raise GraphError(f"{path}: expected one token embedding table (…embeddings.word_embeddings or "
                          f"…embeddings.tok_embeddings), found {len(prefixes)}")
     return prefixes.pop()
+
+
+# The tagging head a written pipeline graph carries (`onnx.head`), named here with the export's own
+# weights: its linear weight is stored [in, out] = [width, tags], as the exporter stores every MatMul
+# weight (the transpose of nn.Linear's), and its bias [tags]. No exported encoder uses the prefix.
+HEAD_WEIGHT = "tagger.head.weight"
+HEAD_BIAS = "tagger.head.bias"

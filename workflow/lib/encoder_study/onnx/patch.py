@@ -4,7 +4,11 @@
 .graph = 7, GraphProto .node = 1 and .initializer = 5, TensorProto dims = 1, data_type = 2, name = 8,
 raw_data = 9) and writes a copy in which only the named float32 initializers' values differ. Every
 other field is copied as the byte range it was, so writing back unchanged values gives the source's
-bytes. `StreamedGraph(path)` reads the same index without writing: the graph's `names.Layout` (what
+bytes. With `appended` (an `Appendix`: nodes, graph inputs and outputs, and float32 initializers
+declared by name and shape whose values come with the replacements), those fields are added, each
+after the source's last field of its kind, and nothing else changes: the tagging head a written
+pipeline graph carries (`tagging.graph`) is appended so. `StreamedGraph(path)` reads the same index
+without writing: the graph's `names.Layout` (what
 names the weights, see `onnx.names`) and single initializers' values, so that a graph larger than
 memory can be named (encoder_study.writeback.module_weights_to_graph gives the replacements for a
 trainable encoder).
@@ -261,6 +265,8 @@ class _Index:
     identity: dict[str, _Node]  # output name -> Identity node
     matmul: list[_Node] = field(default_factory=list)  # MatMul nodes, which name the linear weights
     scoped: bool = False  # some node name carries a module scope (/model/...), as TorchScript writes
+    defined: set[str] = field(default_factory=set)  # graph inputs and the outputs of the nodes parsed
+    outputs: list[str] = field(default_factory=list)  # the graph's outputs
 
 
 def _index(source: _Source) -> _Index:
@@ -273,24 +279,47 @@ def _index(source: _Source) -> _Index:
         raise source.malformed("no opset_import; the file probably ends early")
     graph = graphs[0]
     graph_fields = list(_fields(source, graph.value_start, graph.end))
-    tensors, identity, matmul, scoped = {}, {}, [], False
+    index = _Index(model_fields, graph, graph_fields, {}, {})
     for f in graph_fields:
         if f.number == 5:
             _expect(source, f, LENGTH, "an initializer")
             t = _tensor(source, f)
-            if t.name in tensors:
+            if t.name in index.tensors:
                 raise source.malformed(f"two initializers are named {t.name!r}")
-            tensors[t.name] = t
+            index.tensors[t.name] = t
         elif f.number == 1:
             _expect(source, f, LENGTH, "a node")
             if f.end - f.value_start <= MAX_NODE:
                 node = _node(source, f)
                 if node.op_type == "Identity" and len(node.inputs) == 1 and len(node.outputs) == 1:
-                    identity[node.outputs[0]] = node
+                    index.identity[node.outputs[0]] = node
                 elif node.op_type == "MatMul":
-                    matmul.append(node)
-                scoped = scoped or node.name.startswith("/")
-    return _Index(model_fields, graph, graph_fields, tensors, identity, matmul, scoped)
+                    index.matmul.append(node)
+                index.scoped = index.scoped or node.name.startswith("/")
+                index.defined.update(node.outputs)
+        elif f.number in (11, 12):  # ValueInfoProto: name = 1
+            _expect(source, f, LENGTH, "a graph input or output")
+            name = next((_text(source, g, "value name") for g in _fields(source, f.value_start, f.end)
+                         if g.number == 1), "")
+            (index.defined.add if f.number == 11 else index.outputs.append)(name)
+    return index
+
+
+def _opset(source: _Source, index: _Index) -> int | None:
+    """The graph's default-domain opset (ModelProto.opset_import = 8: domain = 1, version = 2)."""
+    for f in index.model_fields:
+        if f.number != 8:
+            continue
+        _expect(source, f, LENGTH, "an opset_import")
+        domain, version = "", None
+        for g in _fields(source, f.value_start, f.end):
+            if g.number == 1:
+                domain = _text(source, g, "opset domain")
+            elif g.number == 2 and g.wire == VARINT:
+                version = g.value
+        if domain in ("", "ai.onnx"):
+            return version
+    return None
 
 
 def _refuse_external(source: _Source, index: _Index) -> None:
@@ -381,7 +410,26 @@ class PatchReport:
     unchanged: list[str] = field(default_factory=list)  # replacements equal to what the name already read
     materialized: list[str] = field(default_factory=list)  # Identity names that became initializers
     from_float_data: list[str] = field(default_factory=list)  # rewritten as raw_data (were float_data)
+    appended: list[str] = field(default_factory=list)  # the appendix's initializers, written
+    appended_nodes: int = 0
+    appended_inputs: list[str] = field(default_factory=list)
+    appended_outputs: list[str] = field(default_factory=list)
     bytes_written: int = 0
+
+
+@dataclass(frozen=True)
+class Appendix:
+    """Graph fields `patch` adds, each after the source's last field of its kind: `nodes` (onnx
+    NodeProto, after every node of the graph, so they may read any value of it), graph `inputs` and
+    `outputs` (ValueInfoProto), and float32 `initializers` declared by name and dims (TensorProto without
+    data): their values come among the replacements and are written as a replaced weight is.
+    `min_opset`: the default-domain opset the nodes need."""
+
+    nodes: tuple = ()
+    inputs: tuple = ()
+    outputs: tuple = ()
+    initializers: tuple = ()
+    min_opset: int = 1
 
 
 def _key(number: int, wire: int) -> bytes:
@@ -394,19 +442,21 @@ def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def patch(src_onnx: str | os.PathLike, dst_onnx: str | os.PathLike,
-          replacements: dict[str, np.ndarray]) -> PatchReport:
-    """Write `dst_onnx`, a copy of `src_onnx` in which the named float32 tensors hold the given values.
+          replacements: dict[str, np.ndarray], appended: Appendix | None = None) -> PatchReport:
+    """Write `dst_onnx`, a copy of `src_onnx` in which the named float32 tensors hold the given values,
+    and with `appended`'s fields added (the values of its initializers among `replacements`).
 
     A name is an initializer's, or the output of an `Identity` node that reads one (the exporter's
     way of storing equal tensors once): such a name becomes its own initializer and its node is
     dropped. A replacement equal to what its name already reads changes nothing. Refused: a change
     to a tensor that another name, not replaced, also reads through `Identity`; unknown names; shapes
-    or dtypes other than the graph's; external data; a malformed file; a result over 2 GiB.
+    or dtypes other than the graph's (or the appendix's); an appended name the graph already has, or an
+    opset below the appendix's; external data; a malformed file; a result over 2 GiB.
     """
     src, dst = Path(src_onnx), Path(dst_onnx)
     source = _Source(src)
     try:
-        plan = _plan(source, replacements)
+        plan = _plan(source, replacements, appended)
         with files.atomic_path(dst) as tmp:
             with open(tmp, "wb") as out:
                 _write(source, plan, out)
@@ -431,7 +481,9 @@ class _Plan:
     size: int = 0
     graph_body: int = 0
     tensor_bodies: dict[int, list] = field(default_factory=dict)  # initializer start -> pieces
-    new_bytes: int = 0  # the new initializers' fields, serialised one at a time when written
+    # Added fields by the graph field they follow (its start; None: before the first): serialised
+    # fields (bytes), or (name, value) of a new initializer, serialised one at a time when written.
+    added: dict[int | None, list] = field(default_factory=dict)
 
 
 class _Reads:
@@ -487,10 +539,11 @@ class _Reads:
         return found
 
 
-def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
+def _plan(source: _Source, replacements: dict[str, np.ndarray], appended: Appendix | None) -> _Plan:
     index = _index(source)
     _refuse_external(source, index)
     values = _float32_values(source.path, replacements)
+    declared = _appended_values(source, index, appended, values) if appended is not None else {}
     reads = _Reads(source, index, values)
     _check_values(source, index, values, reads)
     report = PatchReport()
@@ -512,11 +565,68 @@ def _plan(source: _Source, replacements: dict[str, np.ndarray]) -> _Plan:
                 report.materialized.append(name)
     _refuse_unreplaced_readers(source.path, index, values, reads)
     plan = _Plan(index, rewrite, new, drop, report)
+    plan.added = _added(index, new, appended, declared, report)
     _layout(source, plan)
     if plan.size > MAX_OUTPUT:
         raise WritebackError(f"{source.path}: the result would be {plan.size} bytes, over protobuf's 2 GiB "
                              "limit for one ONNX file; keep these weights in the pipeline file instead")
     return plan
+
+
+def _appended_values(source: _Source, index: _Index, appended: Appendix, values: dict[str, np.ndarray]
+                     ) -> dict[str, np.ndarray]:
+    """The values of the appendix's initializers, taken out of `values` and checked against their
+    declarations; refuses an appended name the graph already has and a graph older than the appendix."""
+    path = source.path
+    opset = _opset(source, index)
+    if opset is None or opset < appended.min_opset:
+        raise WritebackError(f"{path}: default-domain opset {opset}; what is appended needs opset "
+                             f"{appended.min_opset} or later: export the model again with a later opset")
+    new = [t.name for t in appended.initializers] + [v.name for v in appended.inputs]
+    new += [out for node in appended.nodes for out in node.output]
+    taken = sorted((set(new) & (index.defined | set(index.tensors) | set(index.identity)))
+                   | ({v.name for v in appended.outputs} & set(index.outputs)))
+    if taken or len(set(new)) != len(new):
+        raise WritebackError(f"{path}: the graph already has a value named {(taken or new)[0]!r}; what is "
+                             "appended must add names of its own")
+    declared = {}
+    for t in appended.initializers:
+        if t.name not in values:
+            raise WritebackError(f"{path}: no value given for the appended initializer {t.name!r}")
+        value = declared[t.name] = values.pop(t.name)
+        if t.data_type != FLOAT or list(value.shape) != list(t.dims):
+            raise WritebackError(f"{path}: the value for the appended {t.name!r} has shape "
+                                 f"{list(value.shape)}, declared {list(t.dims)} (float32)")
+    return declared
+
+
+def _added(index: _Index, new: dict[str, np.ndarray], appended: Appendix | None,
+           declared: dict[str, np.ndarray], report: PatchReport) -> dict[int | None, list]:
+    """Every field to add, by the graph field it follows: each kind after the source's last field of its
+    number (5: the initializers, materialised ones first), else after the last of a lower number."""
+    def field_bytes(number: int, proto) -> bytes:
+        data = proto.SerializeToString()
+        return _key(number, LENGTH) + _encode_varint(len(data)) + data
+
+    kinds = {5: [*new.items(), *declared.items()]}
+    if appended is not None:
+        kinds[1] = [field_bytes(1, node) for node in appended.nodes]
+        kinds[11] = [field_bytes(11, value) for value in appended.inputs]
+        kinds[12] = [field_bytes(12, value) for value in appended.outputs]
+        report.appended, report.appended_nodes = list(declared), len(appended.nodes)
+        report.appended_inputs = [v.name for v in appended.inputs]
+        report.appended_outputs = [v.name for v in appended.outputs]
+    added: dict[int | None, list] = {}
+    for number, entries in sorted(kinds.items()):
+        same = [f.start for f in index.graph_fields if f.number == number]
+        lower = [f.start for f in index.graph_fields if f.number < number]
+        anchor = same[-1] if same else lower[-1] if lower else None
+        added.setdefault(anchor, []).extend(entries)
+    return added
+
+
+def _added_bytes(entry) -> bytes:
+    return entry if isinstance(entry, bytes) else _new_field(*entry)
 
 
 def _float32_values(path: Path, replacements: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -600,8 +710,7 @@ def _layout(source: _Source, plan: _Plan) -> None:
         t = index.tensors[name]
         body = _tensor_pieces(source, t, value, plan.report)
         plan.tensor_bodies[t.span.start] = [_key(5, LENGTH) + _encode_varint(_size(body))] + body
-    plan.new_bytes = sum(len(_new_field(name, value)) for name, value in plan.new.items())
-    graph_size = plan.new_bytes
+    graph_size = sum(len(_added_bytes(entry)) for entries in plan.added.values() for entry in entries)
     for f in index.graph_fields:
         if f.start in plan.drop:
             continue
@@ -625,9 +734,9 @@ def _new_field(name: str, value: np.ndarray) -> bytes:
     return _key(5, LENGTH) + _encode_varint(len(encoded)) + encoded
 
 
-def _write_new(plan: _Plan, out) -> None:
-    for name, value in plan.new.items():  # new initializers go after the others
-        out.write(_new_field(name, value))
+def _write_added(plan: _Plan, after: int | None, out) -> None:
+    for entry in plan.added.get(after, ()):
+        out.write(_added_bytes(entry))
 
 
 def _write_pieces(source: _Source, pieces, out) -> None:
@@ -643,21 +752,17 @@ def _write_pieces(source: _Source, pieces, out) -> None:
 
 def _write(source: _Source, plan: _Plan, out) -> None:
     index = plan.index
-    last_initializer = max((f.start for f in index.graph_fields if f.number == 5), default=None)
     for f in index.model_fields:
         if f is not index.graph:
             source.copy(f.start, f.end, out)
             continue
         out.write(_key(7, LENGTH) + _encode_varint(plan.graph_body))
+        _write_added(plan, None, out)
         for g in index.graph_fields:
-            if g.start in plan.drop:
-                continue
-            body = plan.tensor_bodies.get(g.start)
-            _write_pieces(source, body if body is not None else [(g.start, g.end)], out)
-            if g.start == last_initializer:
-                _write_new(plan, out)
-        if last_initializer is None:
-            _write_new(plan, out)
+            if g.start not in plan.drop:
+                body = plan.tensor_bodies.get(g.start)
+                _write_pieces(source, body if body is not None else [(g.start, g.end)], out)
+            _write_added(plan, g.start, out)  # a dropped Identity node can be the last node
 
 
 # -- reading without writing ----------------------------------------------------------------------

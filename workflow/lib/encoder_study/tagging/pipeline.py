@@ -11,18 +11,21 @@ What a file holds, by kind and format:
 |---|---|---|---|
 | `transformer` | /1 | `FrozenEncoder` on the export's model.onnx | the head only |
 | `transformer` | /2 | `FrozenEncoder` on `<stem>.encoder0.onnx` beside the file | the head only |
+| `transformer` | /3 | `graph.GraphTagger`: the whole tagger is `<stem>.encoder0.onnx` | none |
 | `transformer-trainable` | /1 | `TrainableEncoder` (trains on) | the head, the layers (no frozen table) |
 
 `save` keeps a fine-tuned encoder's weights inside the file (format /1), which loads as a trainable
 encoder again. The writeback recipe (`encoder_study.writeback.save_with_graph`) writes them instead
 into a copy of the graph they were read from, `<stem>.encoder0.onnx` beside the pipeline file (stem:
-the file name without its suffix), through `save_pair`; the pipeline file (format /2) refers to it by
-that plain file name and its SHA-256. It loads as a frozen encoder in ONNX Runtime with the pooling and
-max length the run used, several times faster than the trainable modules, and no longer trains;
-loading it needs only the frozen encoder. The two files travel together: a missing or changed graph
-is refused, naming both files, and `save` of a tagger loaded from a /2 file copies its graph. Files
-without a written graph stay format /1, so code that predates /2 still reads them and refuses the /2
-files it could not run correctly.
+the file name without its suffix), through `save_pair`, with the word pooling, the head's weights and
+the tags appended to it (`tagging.graph`); the pipeline file (format /3) refers to it by that plain
+file name and its SHA-256. It loads as one ONNX Runtime session from piece ids to tags, with the
+pooling and max length the run used, several times faster than the trainable modules, and no longer
+trains. Format /2 (the encoder alone in the graph, the head in the file, run as a frozen encoder) is
+what the recipe wrote before; such files still load. The two files travel together: a missing or
+changed graph is refused, naming both files, and `save` of a tagger loaded from a /2 or /3 file
+copies its graph. Files without a written graph stay format /1, so code that predates /2 still reads
+them and refuses the files it could not run correctly.
 
 Every file references the exported model's files (model.onnx, tokenizer.json, model.config.json) by
 plain file name and SHA-256. The directory they are read from is the one given to `load`, else the one
@@ -61,11 +64,14 @@ from .. import artefacts, files, manifest
 from ..errors import UserError
 from ..frozen import FrozenEncoder
 from ..trainable.words import TrainableEncoder
+from .graph import GraphTagger
 from .tagger import KINDS, Tagger
 
 FORMAT = "encoder_study.tagging.pipeline/1"  # weights inline, or the export's own graph
 GRAPH_FORMAT = "encoder_study.tagging.pipeline/2"  # the encoder is a written graph beside the file
-FORMATS = (FORMAT, GRAPH_FORMAT)
+TAGGER_FORMAT = "encoder_study.tagging.pipeline/3"  # the whole tagger is a written graph beside the file
+FORMATS = (FORMAT, GRAPH_FORMAT, TAGGER_FORMAT)
+WRITTEN = (GRAPH_FORMAT, TAGGER_FORMAT)  # the formats with a graph beside the file
 GRAPH_SUFFIX = ".encoder0.onnx"  # one encoder per tagger: always number 0
 GRAPH_WINDOW_BATCH = 8  # windows per ONNX Runtime call for a written graph (the frozen runs' default)
 METADATA_KEY = "encoder_study.pipeline"
@@ -111,11 +117,32 @@ def graph_name(path: str | os.PathLike) -> str:
     return Path(path).stem + GRAPH_SUFFIX
 
 
-def _written_graph(encoder) -> Path | None:
-    """The graph a frozen encoder runs when it is not its export's own model.onnx (a loaded /2 file)."""
+def _written_graph(tagger) -> Path | None:
+    """The written graph a loaded /2 or /3 file runs (for /2: a frozen encoder's graph when it is not its
+    export's own model.onnx)."""
+    if isinstance(tagger, GraphTagger):
+        return tagger.graph
+    encoder = tagger.encoder
     if isinstance(encoder, FrozenEncoder) and encoder.graph != encoder.model_dir / manifest.ONNX_FILE:
         return encoder.graph
     return None
+
+
+def describe_tagger_graph(tagger, model_dir_relative: str, graph: dict
+                          ) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(settings, no tensors) of a /3 file whose graph ({file, sha256, bytes}) holds the whole tagger:
+    for a fine-tuned `Tagger` being written, or a loaded `GraphTagger` being copied."""
+    encoder = tagger.encoder
+    copied = isinstance(tagger, GraphTagger)
+    # What the graph needs to give the words the run gave: the same pooling (also in the graph), the
+    # same windows; then how it is run.
+    settings = {"pooling": encoder.pooling, "max_length": encoder.max_length_requested,
+                "batch_size": encoder.batch_size if copied else GRAPH_WINDOW_BATCH,
+                "optimization": tagger.optimization if copied else "all"}
+    reference = {"model": encoder.manifest.get("model"), "files": tagger.encoder_files(),
+                 "model_dir": model_dir_relative, "graph": graph}
+    return {"format": TAGGER_FORMAT, "kind": "transformer", "tags": list(tagger.tags), "width": encoder.width,
+            "pooling": encoder.pooling, "encoder": {**reference, "settings": settings}}, {}
 
 
 def describe(tagger: Tagger, model_dir_relative: str, graph: dict | None = None
@@ -156,16 +183,17 @@ class Saved:
 def save(tagger: Tagger, path: str | os.PathLike, training: dict | None = None) -> Path:
     """Write the pipeline atomically; `training` (JSON-ready) is kept in the settings for provenance.
 
-    A fine-tuned encoder's weights stay in the file (format /1); a tagger loaded from a /2 file is
-    saved with a copy of its graph (see the module docstring). Equal weights and settings give equal
-    bytes.
+    A fine-tuned encoder's weights stay in the file (format /1); a tagger loaded from a /2 or /3 file
+    is saved with a copy of its graph, in its format (see the module docstring). Equal weights and
+    settings give equal bytes.
     """
     from safetensors.torch import save as to_bytes
 
     path = Path(path)
-    source = _written_graph(tagger.encoder)  # a written graph can only be copied: there are no modules
+    source = _written_graph(tagger)  # a written graph can only be copied: there are no modules
     if source is not None:
-        return save_pair(tagger, path, lambda tmp: shutil.copyfile(source, tmp), training).path
+        form = TAGGER_FORMAT if isinstance(tagger, GraphTagger) else GRAPH_FORMAT
+        return save_pair(tagger, path, lambda tmp: shutil.copyfile(source, tmp), training, form).path
     settings, tensors = describe(tagger, _relative_model_dir(tagger, path))
     if training is not None:
         settings["training"] = training
@@ -180,9 +208,11 @@ def _relative_model_dir(tagger: Tagger, path: Path) -> str:
     return Path(os.path.relpath(Path(tagger.encoder.model_dir).resolve(), path.resolve().parent)).as_posix()
 
 
-def save_pair(tagger: Tagger, path: str | os.PathLike, write_graph, training: dict | None = None) -> Saved:
-    """Write the pipeline file (format /2) and, beside it, its graph: `write_graph(tmp)` writes the graph
-    to the temporary path it is given and returns what to report.
+def save_pair(tagger: Tagger | GraphTagger, path: str | os.PathLike, write_graph,
+              training: dict | None = None, form: str = GRAPH_FORMAT) -> Saved:
+    """Write the pipeline file (format `form`: /2, the graph is the encoder; /3, it is the whole tagger)
+    and, beside it, its graph: `write_graph(tmp)` writes the graph to the temporary path it is given and
+    returns what to report.
 
     Both files stay under temporary names until both are complete. The contexts close in reverse: the
     graph is renamed first, so a pipeline file never exists without its graph, and a failure before
@@ -196,7 +226,8 @@ def save_pair(tagger: Tagger, path: str | os.PathLike, write_graph, training: di
         report = write_graph(graph_tmp)
         graph = {"file": target.name, "sha256": files.sha256_file(graph_tmp),
                  "bytes": graph_tmp.stat().st_size}
-        settings, tensors = describe(tagger, _relative_model_dir(tagger, path), graph)
+        describe_form = describe_tagger_graph if form == TAGGER_FORMAT else describe
+        settings, tensors = describe_form(tagger, _relative_model_dir(tagger, path), graph)
         if training is not None:
             settings["training"] = training
         pipeline_tmp.write_bytes(to_bytes(tensors, metadata={METADATA_KEY: _sealed_text(settings, tensors)}))
@@ -250,21 +281,21 @@ def read(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     if settings.get("format") not in FORMATS or settings.get("kind") not in KINDS:
         raise PipelineError(f"{path}: format {settings.get('format')!r}, kind {settings.get('kind')!r}; this "
                             f"code reads {list(FORMATS)} with kinds {list(KINDS)}")
-    if settings["format"] == GRAPH_FORMAT:
+    if settings["format"] in WRITTEN:
         encoder = settings.get("encoder")
         graph = encoder.get("graph") if isinstance(encoder, dict) else None
         name = graph.get("file") if isinstance(graph, dict) else None
         # A plain file name only: a pipeline file must not make `load` open a path of its choosing.
         if (settings["kind"] != "transformer" or not isinstance(name, str) or Path(name).name != name
                 or name in ("", ".", "..") or not isinstance(graph.get("sha256"), str)):
-            raise PipelineError(f"{path}: format {GRAPH_FORMAT!r} without a valid written graph (kind "
+            raise PipelineError(f"{path}: format {settings['format']!r} without a valid written graph (kind "
                                 f"'transformer', encoder.graph with a plain file name and its sha256)")
     return settings, tensors
 
 
 def graph_path(path: str | os.PathLike, settings: dict) -> Path | None:
     """Where a pipeline file's written graph is (None for files without one): beside the file."""
-    graph = settings["encoder"].get("graph") if settings["format"] == GRAPH_FORMAT else None
+    graph = settings["encoder"].get("graph") if settings["format"] in WRITTEN else None
     return None if graph is None else Path(path).parent / graph["file"]
 
 
@@ -292,8 +323,10 @@ def check_files(path: Path, model_dir: Path, expected: dict[str, str]) -> None:
         files.check_file(model_dir / name, expected[name], what=f"encoder file (referenced by {path})")
 
 
-def load(path: str | os.PathLike, model_dir: str | os.PathLike | None = None, threads: int = 1) -> Tagger:
-    """The tagger a pipeline file holds, over the encoder files it references (checked by SHA-256)."""
+def load(path: str | os.PathLike, model_dir: str | os.PathLike | None = None, threads: int = 1
+         ) -> Tagger | GraphTagger:
+    """The tagger a pipeline file holds, over the encoder files it references (checked by SHA-256): a
+    `GraphTagger` for a /3 file, else a `Tagger`."""
     path = Path(path)
     settings, tensors = read(path)
     reference = settings["encoder"]
@@ -302,8 +335,13 @@ def load(path: str | os.PathLike, model_dir: str | os.PathLike | None = None, th
         raise PipelineError(f"{path}: the model directory {model_dir} does not exist; give the exported "
                             f"model {reference['model']!r} it references with model_dir=")
     check_files(path, model_dir, reference["files"])
-    graph = check_graph(path, settings) if settings["format"] == GRAPH_FORMAT else None
+    graph = check_graph(path, settings) if settings["format"] in WRITTEN else None
     encoder_settings = reference["settings"]
+    if settings["format"] == TAGGER_FORMAT:
+        return GraphTagger(model_dir, graph, pooling=encoder_settings["pooling"],
+                           max_length=encoder_settings["max_length"],
+                           batch_size=encoder_settings["batch_size"], threads=threads,
+                           optimization=encoder_settings["optimization"], tags=settings["tags"])
     if settings["kind"] == "transformer":
         encoder = FrozenEncoder(model_dir, pooling=encoder_settings["pooling"],
                                 max_length=encoder_settings["max_length"],
