@@ -217,7 +217,7 @@ def test_a_package_run_tags_with_the_wheels_pipeline(trained, bank, tmp_path):
     assert "history" not in record and "train" not in record["splits"]
 
 
-def test_a_wheel_is_checked_before_it_is_kept(trained, tmp_path):
+def test_a_wheel_is_checked_before_it_is_kept(trained, tmp_path, capsys):
     run_dir, _ = trained
     wheel = make_wheel(run_dir / "spacy", tmp_path / "source.whl")
     out = tmp_path / "out.whl"
@@ -228,6 +228,7 @@ def test_a_wheel_is_checked_before_it_is_kept(trained, tmp_path):
     with pytest.raises(spacy_tagger.SpacyError, match="not a wheel"):
         spacy_tagger.fetch_package(str(tmp_path / "not.whl"), "", out, timeout=5)
     assert spacy_tagger.fetch_package(str(wheel), "", out, timeout=5) == (files.sha256_file(wheel), False)
+    assert f"its SHA-256 is {files.sha256_file(wheel)}" in capsys.readouterr().err  # the pin to give
     with pytest.raises(spacy_tagger.SpacyError, match="no pipeline en_test_tagger/en_test_tagger-0.2.0/"):
         spacy_tagger.unpack_package(out, "en_test_tagger", "0.2.0", tmp_path / "p")
     renamed = make_wheel(run_dir / "spacy", tmp_path / "renamed.whl", name="other", version="0.1.0")
