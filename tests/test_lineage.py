@@ -282,6 +282,23 @@ def test_a_file_the_job_checks_against_a_hash_is_an_input(tmp_path, monkeypatch)
         ("output", "out.bin", files.sha256_file(written))]
 
 
+def test_a_verified_export_is_an_input_with_its_manifest(tmp_path, monkeypatch):
+    from encoder_study import manifest
+
+    monkeypatch.chdir(tmp_path)
+    export = Path("results/models/m")
+    export.mkdir(parents=True)
+    Path("results/tagging/run").mkdir(parents=True)
+    (export / "model.onnx").write_bytes(b"graph")
+    manifest.write(export, {"model": "m"}, ["model.onnx"])
+    with provenance.Fragment("provenance/writeback/job.md", argv=["encoder-study"]) as frag:
+        manifest.verified_model(Path("results/tagging/run/../../models/m"))
+        frag.outputs.append(export / "model.onnx")  # an output is never also an input
+    record = provenance.read_record("provenance/writeback/job.json")
+    assert [(e["role"], e["path"]) for e in record["files"]] == [
+        ("input", "results/models/m/export.json"), ("output", "results/models/m/model.onnx")]
+
+
 def test_export_model_records_the_weights_it_read(tiny_exports, models_dir, tmp_path):
     source = models_dir / "sources" / "bert-tiny"
     prov = tmp_path / "provenance" / "export" / "export_model-bert-tiny.md"

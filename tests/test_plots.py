@@ -108,6 +108,9 @@ def test_per_tag_table_of_the_best_frozen_and_fine_tuned_runs(study):
     done = runs.per_tag(list(study["dirs"].values()), study["scores"], study["gold"], "test", out,
                         study["out"] / "per_tag.png", "Treebank: a test's.")
     assert done.best == {"frozen": ("frozen-a", 90.0), "finetuned": ("tuned", 85.0)}
+    # Every run.json is read (to name the runs), so each is an input, not only the chosen runs'.
+    read = {p.as_posix() for p in done.inputs if p.name == "run.json"}
+    assert read == {f"{d}/run.json" for d in study["dirs"].values()} and len(read) == len(RUNS)
     assert out.read_text() == (
         "run,mode,split,upos,gold,correct,accuracy\n"
         "frozen-a,frozen,test,DET,2,2,100.0\n"

@@ -369,11 +369,12 @@ def per_tag(run_dirs: Sequence[str | os.PathLike], scores_path: str | os.PathLik
     gold = conllu.read_conllu(gold_path)
     gold_tags = [s.upos for s in gold]
     order = evaluate.tag_order(Counter(tag for tags in gold_tags for tag in tags))
-    inputs, rows = [Path(scores_path), Path(gold_path)], []
+    # Every run.json was read (to name the runs), and each chosen run's predictions.
+    inputs, rows = [Path(scores_path), Path(gold_path), *(d / RUN_JSON for d in runs.values())], []
     for mode, (name, _) in best.items():
         path = pred_path(runs[name], split)
         counts = evaluate.per_tag_counts(gold_tags, predicted_tags(gold, path))
-        inputs += [runs[name] / RUN_JSON, path]
+        inputs.append(path)
         recorded = [float(r["upos"]) for r in scores if r["run"] == name and r["split"] == split]
         total = 100.0 * sum(right for _, right in counts.values()) / sum(n for n, _ in counts.values())
         if recorded != [total]:
