@@ -1,6 +1,7 @@
-# Recipe `writeback`: each fine-tuned tagging run's weights written into a copy of its encoder's graph
+# Recipe `writeback`: each fine-tuned tagging run's weights written into a copy of its encoder's graph,
+# with its word pooling, head and tags appended: the whole tagger as one graph
 # (results/writeback/<run>/pipeline.safetensors + pipeline.encoder0.onnx), then checked against the run's
-# inline pipeline: hidden states, UPOS agreement on the test split, and tagging speed.
+# inline pipeline: hidden states and logits, UPOS agreement on the test split, and tagging speed.
 # Rule file workflow/rules/writeback.smk; command `encoder-study writeback`
 # (encoder_study.commands.writeback); library encoder_study.writeback (over encoder_study.onnx.patch,
 # encoder_study.onnx.names and encoder_study.tagging.pipeline).

@@ -71,7 +71,9 @@ def parity(args) -> int:
         frag.table("Write-back parity", markdown)
         frag.note(f"{len(texts)} texts, one per run, every token; hidden states of ONNX Runtime "
                   "(optimisation as the pipeline runs it) against the trainable modules, "
-                  f"{threads} thread(s)")
+                  f"{threads} thread(s); the written pipeline's logits (one session: the graph's word "
+                  "pooling and head) against the inline tagger's, every word of the texts split at "
+                  "whitespace")
     return 0
 
 
@@ -123,10 +125,11 @@ def speed(args) -> int:
         frag.outputs += writeback.write_table(args.out, rows, writeback.SPEED_COLUMNS, markdown)
         frag.table("Write-back speed", markdown)
         frag.note(f"tagging the first {len(sentences)} sentences of {args.test} (gold tokens), batches "
-                  f"of {args.batch} documents, median of at least {args.repeats} passes and "
-                  f"{args.min_seconds:g} s of passes per implementation (the two taking turns) after "
-                  f"{args.warmup} warm-up pass(es); threads {', '.join(map(str, counts))}; load average "
-                  f"(1, 5, 15 min) "
+                  f"of {args.batch} documents (the graph: one ONNX Runtime run each, ids and the "
+                  f"piece-to-word map in, tags out), median of at least {args.repeats} passes and "
+                  f"{args.min_seconds:g} s of passes per implementation (the two taking turns in blocks) "
+                  f"after {args.warmup} warm-up pass(es); threads {', '.join(map(str, counts))}; load "
+                  f"average (1, 5, 15 min) "
                   f"before: {before}; after: {load_average()}. Indicative timings, not a gated result; "
                   "excluded from byte identity.")
     return 0
