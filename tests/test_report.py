@@ -185,6 +185,11 @@ def test_facts_say_what_ran_random_models_included():
     assert found["run tiny-tuned"] == ("tiny-tuned: finetuned bert-tiny (random, never trained), mean "
                                        "pooling, adamw lr 5e-05, at most 60 steps, seed 0")
     assert found["export tolerance"] == "0.0001" and found["commit"] == "c0ffee"
+    spacy = report_facts.facts([*run_records(), record("tagging_spacy", {
+        "run_name": "spacy", "source": "train", "config": "config/spacy/tagger.cfg", "seed": 0,
+        "resamples": 10000, "bootstrap_seed": 0}, "spacy")])
+    assert spacy["run spacy"] == ("spacy: a spaCy pipeline trained on train from config/spacy/tagger.cfg "
+                                  "(seed 0)")
     # A rule that did not run: said, not failed.
     without = report_facts.facts([r for r in run_records() if r["rule"] != "retrieval_export"])
     assert without["retrieval tolerance"] == report_facts.NOT_RECORDED

@@ -176,7 +176,7 @@ def texts(run: Run) -> str:
 def bootstrap(run: Run) -> str:
     """The tables' bootstrap as recorded by the job that joined them (and the runs that scored)."""
     tables = run.settings("tagging_tables")
-    scored = run.settings("tagging_train") + run.settings("tagging_baseline")
+    scored = run.settings("tagging_train") + run.settings("tagging_baseline") + run.settings("tagging_spacy")
     if not tables and not scored:
         return f"bootstrap {NOT_RECORDED}"
     resamples = [s["resamples"] for s in tables + scored if "resamples" in s]
@@ -204,6 +204,15 @@ def tagging_run(settings: Mapping, kinds: Mapping[str, str]) -> str:
     return (f"{settings.get('mode')} {model} ({kind}), {settings.get('pooling')} pooling, "
             f"{settings.get('optimizer')} lr {number(settings.get('lr'))}, {budget}, "
             f"seed {settings.get('seed')}")
+
+
+def spacy_run(settings: Mapping) -> str:
+    """A spaCy run (an external baseline) in words: trained here from its config, or a published one."""
+    if settings.get("source") == "package":
+        return f"a published spaCy pipeline, {settings.get('package')}=={settings.get('version')}"
+    steps = f", at most {number(settings['max_steps'])} steps" if settings.get("max_steps") else ""
+    return (f"a spaCy pipeline trained on train from {settings.get('config')} (seed {settings.get('seed')}"
+            f"{steps})")
 
 
 def tolerance(run: Run, *rules: str) -> str:
@@ -358,6 +367,8 @@ def run_facts(run: Run, kinds: Mapping[str, str]) -> dict[str, str]:
             name = settings["run_name"]
             if record["rule"] in ("tagging_train", "tagging_baseline"):
                 found[f"run {name}"] = f"{name}: {tagging_run(settings, kinds)}"
+            elif record["rule"] == "tagging_spacy":
+                found[f"run {name}"] = f"{name}: {spacy_run(settings)}"
             else:
                 found[f"run {name}"] = f"{name}: made by rule {record['rule']} (its settings: the run's page)"
     return found
