@@ -2,7 +2,7 @@
 
 import pytest
 
-from encoder_study import benchmarks, tables
+from encoder_study import benchmarks, perf, tables
 from encoder_study.commands.benchmarks import parser
 
 
@@ -10,21 +10,39 @@ def test_every_part_and_its_rates(tiny_exports, models_dir, tmp_path):
     source = models_dir / "sources" / "bert-tiny" / "source.json"
     rows = benchmarks.encoders(tiny_exports["bert-tiny"], source, threads=1, batch=2, seq_len=16, rows=3,
                                length=16, docs=4, seed=0, min_seconds=0.0)
-    assert [(r["part"], r["path"]) for r in rows] == [
-        ("gemm", "torch.mm float32 2048 x 2048"),
+    peak, *rest = rows
+    gemm = [r for r in rest if r["part"] == "gemm"]
+    assert peak["part"] == "peak" and peak["path"].startswith("theoretical: ") and " x 2 x " in peak["path"]
+    assert [r["path"] for r in gemm[:-1]] == [
+        g.name + (" (the probe)" if g.name == gemm[-1]["gemm_probe"] else "") for g in perf.gemm_candidates()]
+    assert gemm[-1]["path"].endswith("the probe across the run") and rows[-1] is gemm[-1]
+    timed = rows[len(gemm):-1]  # after the peak and the candidates, before the run's probe
+    assert [(r["part"], r["path"]) for r in timed] == [
         ("shape", "onnxruntime (exported graph)"), ("shape", "encoder_study modules, forward"),
         ("shape", "transformers (eager), forward"),
         ("frozen", "bare session.run, same batches"), ("frozen", "FrozenEncoder"),
         ("frozen", "FrozenEncoder own work (outputs replayed)"),
         ("step", "encoder_study, forward + backward"), ("step", "transformers, forward + backward"),
         ("words", "modules on the recorded batches"), ("words", "TrainableEncoder")]
-    gemm = rows[0]
-    assert gemm["fraction_of_gemm"] == pytest.approx(1.0) and gemm["ratio"] == 1.0
-    for row in rows:
+    chosen = next(r for r in gemm if r["path"].endswith("(the probe)"))
+    assert chosen["fraction_of_gemm"] == pytest.approx(1.0) and chosen["gflops"] == peak["gemm_gflops"]
+    assert all(r["fraction_of_gemm"] <= 1.0 + 1e-12 for r in gemm[:-1])  # the probe is the fastest candidate
+    assert peak["ratio"] == pytest.approx(chosen["gflops"] / peak["gflops"])
+    for row in [*gemm, *timed]:
         assert row["min_s"] <= row["q1_s"] <= row["median_s"] <= row["q3_s"] <= row["max_s"]
-        assert row["repeats"] >= 5 and row["gemm_gflops"] == gemm["gflops"]
+        assert row["gemm_gflops_min"] <= row["gemm_gflops"] <= row["gemm_gflops_max"]
+        assert row["peak_gflops"] == peak["gflops"]
         if "gflop" in row:
-            assert row["fraction_of_gemm"] == pytest.approx(row["gflops"] / gemm["gflops"])
+            assert row["fraction_of_gemm"] == pytest.approx(row["gflops"] / row["gemm_gflops"])
+            assert (row["limit_note"] != "") == (row["fraction_of_gemm"] > 1.0)
+    for row in timed:
+        assert row["repeats"] >= 5
+    # the probe measured beside each part: one limit per part, the run's spread over all of them
+    per_part = {r["part"]: r["gemm_gflops"] for r in timed}
+    assert len(per_part) == 4 and all(r["gemm_gflops"] == per_part[r["part"]] for r in timed)
+    run = rows[-1]
+    assert run["gemm_gflops_min"] <= min(per_part.values())
+    assert max(per_part.values()) <= run["gemm_gflops_max"]
     by_path = {r["path"]: r for r in rows}
     # the same counted work for both paths a part compares; the step is three forward passes
     assert by_path["FrozenEncoder"]["gflop"] == by_path["bare session.run, same batches"]["gflop"]
@@ -34,7 +52,7 @@ def test_every_part_and_its_rates(tiny_exports, models_dir, tmp_path):
                for kind in ("encoder_study", "transformers"))
     # the Markdown renders rows that leave columns out (the GEMM row has no peak memory)
     text = benchmarks.markdown(rows)
-    assert text.count("\n") == len(rows) + 2 and "| gemm |" in text
+    assert text.count("\n") == len(rows) + 2 and "| gemm |" in text and "| peak |" in text
 
 
 def test_the_command_writes_the_table_and_its_fragment(tiny_exports, models_dir, tmp_path):

@@ -1,14 +1,17 @@
-"""The timing conventions (perf.py): counted work, the interleaved measure, the spread, the GEMM probe."""
+"""The timing conventions (perf.py): counted work, the interleaved measure, the spread, the GEMM probe and
+the theoretical peak (machine.py)."""
 
 import itertools
 import json
+import statistics
 
+import numpy as np
 import pytest
 import torch
 from torch.nn.attention import SDPBackend
 from torch.utils.flop_counter import FlopCounterMode
 
-from encoder_study import manifest, perf, trainable
+from encoder_study import machine, manifest, perf, trainable
 from encoder_study.trainable import common
 
 
@@ -60,10 +63,95 @@ def test_spread():
     assert one.q1 == one.median == one.q3 == 0.5
 
 
-def test_gemm_rate_is_a_rate():
-    rate = perf.gemm_rate(1, min_seconds=0.0, size=256)
-    assert 0.1 < rate < 1e5  # GFLOP/s: a real CPU, not a unit slip by 1e9
+def test_the_probe_keeps_the_fastest_candidate_and_takes_turns():
+    candidates = [perf.Gemm("torch.mm", 64, 64, 64), perf.Gemm("onnxruntime MatMul", 96, 64, 32)]
+    probe = perf.Probe(1, calibration_seconds=0.0, candidates=candidates)
+    rates = {g: g.flops / s.median / 1e9 for g, s in probe.calibration.items()}
+    assert set(rates) == set(candidates) and probe.gemm == max(rates, key=rates.get)
+    assert all(0.01 < r < 1e5 for r in rates.values())  # GFLOP/s: a real CPU, not a unit slip by 1e9
+    times = perf.measure({"x": lambda: None}, min_seconds=0.0, min_repeats=3, warmup=0, probe=probe)
+    assert len(times[perf.PROBE]) == 3 * perf.PROBE_CALLS == len(probe.turns)  # one turn a round
+    limit = probe.limit(times)
+    assert limit.gflops_min <= limit.gflops <= limit.gflops_max and limit.gemm == probe.gemm.name
+    assert limit.gflops == pytest.approx(probe.gemm.flops / 1e9 / statistics.median(times[perf.PROBE]))
+    assert probe.rate(times) == limit.gflops and probe.run_limit().gflops == limit.gflops
+    assert any("theoretical float32 peak" in note for note in probe.notes())
     assert perf.rates(2e9, 0.5, 8.0) == {"gflops": 4.0, "fraction_of_gemm": 0.5}
+
+
+def test_the_gemm_candidates_compute_the_product():
+    """Each candidate computes the product of its seeded operands (drawn again here, multiplied by numpy),
+    so that the probe's rate counts a real product of the stated shape."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 4), dtype=np.float32), rng.standard_normal((4, 6), dtype=np.float32)
+    got = perf.Gemm("onnxruntime MatMul", 8, 4, 6).call(1)()
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 4, generator=generator).numpy(), torch.randn(4, 6, generator=generator).numpy()
+    np.testing.assert_allclose(perf.Gemm("torch.mm", 8, 4, 6).call(1)().numpy(), a @ b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown GEMM implementation"):
+        perf.Gemm("numpy", 2, 2, 2).call(1)
+
+
+def test_a_probe_turn_opens_every_round():
+    order = []
+
+    class Fake:
+        def turn(self):
+            order.append("probe")
+            return [1.0]
+
+    calls = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    perf.measure(calls, min_seconds=0.0, min_repeats=2, warmup=1, probe=Fake())
+    assert order == ["a", "b", "probe", "a", "b", "probe", "a", "b"]  # not in the warm-up round
+    order.clear()
+    perf.measure(calls, min_seconds=0.0, min_repeats=1, warmup=0, block_seconds=1e-9, probe=Fake())
+    assert order == ["probe", "a", "a", "b", "b"]
+
+
+def test_a_fraction_above_one_names_its_cause():
+    steady = perf.Limit("p", gflops=100.0, gflops_min=90.0, gflops_max=110.0, calibration_gflops=100.0,
+                        peak_gflops=300.0)
+    assert steady.rates(50e9, 1.0) == {"gflops": 50.0, "fraction_of_gemm": 0.5, "limit_note": ""}
+    assert steady.rates(100e9, 1.0)["limit_note"] == ""
+    assert "products" in steady.rates(120e9, 1.0)["limit_note"]
+    slowed = perf.Limit("p", gflops=60.0, gflops_min=50.0, gflops_max=70.0, calibration_gflops=100.0,
+                        peak_gflops=300.0)
+    assert "0.60 of its calibration rate" in slowed.note(1.2)
+    assert slowed.columns() == {"gemm_gflops": 60.0, "gemm_gflops_min": 50.0, "gemm_gflops_max": 70.0,
+                                "gemm_probe": "p", "peak_gflops": 300.0}
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: {vendor}
+cpu family\t: {family}
+model\t\t: {model}
+model name\t: Test CPU
+cpu MHz\t\t: 2500.000
+flags\t\t: fpu sse sse2 {flags}
+
+processor\t: 1
+cpu MHz\t\t: 1000.000
+"""
+
+
+@pytest.mark.parametrize(("vendor", "family", "model", "flags", "units", "lanes"), [
+    ("GenuineIntel", 6, 85, "avx avx2 fma avx512f", 2, 16),  # Skylake-SP
+    ("GenuineIntel", 6, 60, "avx avx2 fma", 2, 8),  # Haswell
+    ("GenuineIntel", 6, 42, "avx", 1, 8),  # Sandy Bridge: no FMA
+    ("AuthenticAMD", 23, 1, "avx avx2 fma", 2, 4),  # Zen: 128-bit data paths
+    ("AuthenticAMD", 23, 49, "avx avx2 fma", 2, 8),  # Zen 2
+    ("AuthenticAMD", 25, 17, "avx avx2 fma avx512f", 2, 8),  # Zen 4: AVX-512 on 256-bit units
+    ("AuthenticAMD", 26, 2, "avx avx2 fma avx512f", 2, 16),  # Zen 5
+    ("", -1, -1, "", 1, 4),
+])
+def test_the_theoretical_peak_from_the_cpu_s_flags(vendor, family, model, flags, units, lanes):
+    text = CPUINFO.format(vendor=vendor, family=family, model=model, flags=flags)
+    peak = machine.fp32_peak(1, cpuinfo=text)
+    assert (peak["fma_units"], peak["lanes"], peak["cores"]) == (units, lanes, 1)
+    assert peak["ghz"] == 2.5 and peak["clock_source"] == "/proc/cpuinfo cpu MHz"  # the first processor's
+    assert peak["gflops"] == pytest.approx(units * lanes * 2 * 2.5)
+    assert machine.peak_text(peak).startswith(f"{peak['gflops']:.1f} GFLOP/s = 1 core x {units} FMA units")
 
 
 def test_blocks_take_turns_after_an_untimed_switch():

@@ -1,8 +1,12 @@
 """The encoders against the machine's limit and against their references (recipe `benchmarks`).
 
-One table, results/benchmarks/encoders.csv, one row per timed path, in five parts:
+One table, results/benchmarks/encoders.csv, one row per timed path, in these parts:
 
-    gemm      torch.mm of two float32 2048 x 2048 matrices: the machine's limit (perf.gemm_spread)
+    peak      the theoretical float32 peak at the job's threads, its inputs in the path (machine.fp32_peak);
+              ratio: the measured best (the probe's calibration) over it
+    gemm      the GEMM probe's candidates (perf.Probe: ONNX Runtime's MatMul and torch.mm at several
+              shapes), as timed when the probe picked the fastest, each against that fastest; last, the
+              probe across the whole job (every probe turn beside every part): its spread over the run
     shape     one batch of `batch` x `seq_len` random pieces, no padding: ONNX Runtime on the exported
               graph, our trainable modules' forward pass and Hugging Face's (eager attention), both
               without autograd. fraction_of_gemm is the question "how close to the machine's matmul rate
@@ -20,7 +24,9 @@ One table, results/benchmarks/encoders.csv, one row per timed path, in five part
               batches it ran: the cost of tokenization, windows and the pooling gather.
 
 Every cell is the median of at least `min_seconds` of calls with its quartiles and range, the paths of a
-part taking turns (perf.measure). Work is counted by perf.encoder_flops on each sequence's own length
+part taking turns with each other and with the GEMM probe (perf.measure): each row's fraction_of_gemm
+reads its rate against the probe measured beside it (gemm_gflops, with its range), and limit_note says
+why where a fraction is above 1. Work is counted by perf.encoder_flops on each sequence's own length
 (padding is not work; a step is 3 forwards). Inputs are seeded; the timings are the machine's.
 """
 
@@ -46,11 +52,13 @@ from .trainable.words import TrainableEncoder
 
 COLUMNS = ["part", "path", "threads", "batch", "seq_len", "median_s", "q1_s", "q3_s", "min_s", "max_s",
            "repeats", "seconds", "gflop", "gflops", "gemm_gflops", "fraction_of_gemm", "ratio",
-           "peak_rss_rise_mb"]
+           "peak_rss_rise_mb", "gemm_gflops_min", "gemm_gflops_max", "gemm_probe", "peak_gflops",
+           "limit_note"]
 MARKDOWN = (("part", "part", ""), ("path", "path", ""), ("batch", "batch", ""), ("seq_len", "pieces", ""),
             ("median_s", "median s", ".4g"), ("min_s", "min s", ".4g"), ("max_s", "max s", ".4g"),
-            ("repeats", "calls", "n"), ("gflops", "GFLOP/s", ".3g"), ("fraction_of_gemm", "of GEMM", ".2f"),
-            ("ratio", "ratio", ".3f"), ("peak_rss_rise_mb", "peak RSS rise MB", ".1f"))
+            ("repeats", "calls", "n"), ("gflops", "GFLOP/s", ".3g"), ("gemm_gflops", "GEMM GFLOP/s", ".3g"),
+            ("fraction_of_gemm", "of GEMM", ".2f"), ("ratio", "ratio", ".3f"),
+            ("peak_rss_rise_mb", "peak RSS rise MB", ".1f"), ("limit_note", "note", ""))
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "
          "have an they you were her she there been one all we their has would when if so no will can more "
          "river bank water record time arrow fruit flies market price city council report school student "
@@ -80,36 +88,52 @@ def load_module(kind: str, model_dir: Path, source_dir: Path) -> torch.nn.Module
 
 
 def _row(part: str, path: str, threads: int, batch, seq_len, spread: perf.Spread, flops: float | None,
-         gemm: float, reference_median: float) -> dict:
+         limit: perf.Limit, reference_median: float) -> dict:
     row = {"part": part, "path": path, "threads": threads, "batch": batch, "seq_len": seq_len,
            "median_s": spread.median, "q1_s": spread.q1, "q3_s": spread.q3, "min_s": spread.min,
-           "max_s": spread.max, "repeats": spread.repeats, "seconds": spread.seconds, "gemm_gflops": gemm,
+           "max_s": spread.max, "repeats": spread.repeats, "seconds": spread.seconds, **limit.columns(),
            "ratio": spread.median / reference_median}
     if flops:
-        row.update(gflop=flops / 1e9, **perf.rates(flops, spread.median, gemm))
+        row.update(gflop=flops / 1e9, **limit.rates(flops, spread.median))
     return row
 
 
-def _part(part: str, calls: dict, threads: int, batch, seq_len, flops: dict, gemm: float,
+def _part(part: str, calls: dict, threads: int, batch, seq_len, flops: dict, probe: perf.Probe,
           min_seconds: float, block_seconds: float = 0.0) -> list[dict]:
-    """Rows of one part: its paths timed in turn, each against the part's first path."""
-    times = perf.measure(calls, min_seconds, warmup=2, block_seconds=block_seconds)
-    spreads = {name: perf.Spread.of(t) for name, t in times.items()}
+    """Rows of one part: its paths timed in turn with the probe, each against the part's first path."""
+    times = perf.measure(calls, min_seconds, warmup=2, block_seconds=block_seconds, probe=probe)
+    limit = probe.limit(times)
+    spreads = {name: perf.Spread.of(times[name]) for name in calls}
     first = next(iter(spreads.values())).median
-    return [_row(part, name, threads, batch, seq_len, s, flops.get(name), gemm, first)
+    return [_row(part, name, threads, batch, seq_len, s, flops.get(name), limit, first)
             for name, s in spreads.items()]
 
 
-def gemm_part(threads: int, min_seconds: float) -> tuple[float, list[dict]]:
-    spread = perf.gemm_spread(threads, min_seconds)
-    flops = 2.0 * perf.GEMM_SIZE ** 3
-    gemm = flops / spread.median / 1e9
-    return gemm, [_row("gemm", f"torch.mm float32 {perf.GEMM_SIZE} x {perf.GEMM_SIZE}", threads,
-                       perf.GEMM_SIZE, perf.GEMM_SIZE, spread, flops, gemm, spread.median)]
+def peak_and_gemm_rows(probe: perf.Probe) -> list[dict]:
+    """The theoretical peak, and each candidate of the probe as timed when it picked the fastest."""
+    peak = probe.peak
+    best = probe.calibration_gflops
+    rows = [{"part": "peak", "path": f"theoretical: {machine.peak_text(peak)}", "threads": probe.threads,
+             "gflops": peak["gflops"], "peak_gflops": peak["gflops"], "gemm_gflops": best,
+             "ratio": best / peak["gflops"] if peak["gflops"] else None}]
+    limit = perf.Limit(probe.gemm.name, best, best, best, best, peak["gflops"])
+    for gemm, spread in probe.calibration.items():
+        chosen = " (the probe)" if gemm == probe.gemm else ""
+        rows.append(_row("gemm", gemm.name + chosen, probe.threads, None, None, spread, gemm.flops, limit,
+                         probe.calibration[probe.gemm].median))
+    return rows
+
+
+def probe_run_row(probe: perf.Probe) -> dict:
+    """The probe over every turn it took beside the parts: its spread across the run."""
+    run = probe.run_limit()
+    spread = perf.Spread.of(probe.turns)
+    return {**_row("gemm", f"{probe.gemm.name}: the probe across the run", probe.threads, None, None, spread,
+                   probe.gemm.flops, run, spread.median), "limit_note": ""}
 
 
 def shape_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: int, batch: int, seq_len: int,
-               gemm: float, min_seconds: float, seed: int) -> list[dict]:
+               probe: perf.Probe, min_seconds: float, seed: int) -> list[dict]:
     session = ort_session(model_dir / manifest.ONNX_FILE, threads)
     tokenizer = PieceTokenizer(model_dir / manifest.TOKENIZER_FILE)
     rng = np.random.default_rng(seed)
@@ -129,7 +153,7 @@ def shape_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: in
              "encoder_study modules, forward": forward(ours),
              "transformers (eager), forward": forward(theirs)}
     flops = perf.encoder_flops(shape, [seq_len] * batch)
-    return _part("shape", calls, threads, batch, seq_len, dict.fromkeys(calls, flops), gemm, min_seconds,
+    return _part("shape", calls, threads, batch, seq_len, dict.fromkeys(calls, flops), probe, min_seconds,
                  perf.BLOCK_SECONDS)  # ONNX Runtime against PyTorch: in blocks
 
 
@@ -156,7 +180,7 @@ class _Replay:
         return out
 
 
-def frozen_part(model_dir: Path, shape: perf.Shape, docs: list[Doc], threads: int, gemm: float,
+def frozen_part(model_dir: Path, shape: perf.Shape, docs: list[Doc], threads: int, probe: perf.Probe,
                 min_seconds: float) -> list[dict]:
     encoder = FrozenEncoder(model_dir, threads=threads)
     session = encoder.session
@@ -186,7 +210,7 @@ def frozen_part(model_dir: Path, shape: perf.Shape, docs: list[Doc], threads: in
     rows = _part("frozen", {"bare session.run, same batches": bare, "FrozenEncoder": frozen,
                             "FrozenEncoder own work (outputs replayed)": own},
                  threads, len(docs), sum(lengths), {"bare session.run, same batches": flops,
-                                                    "FrozenEncoder": flops}, gemm, min_seconds)
+                                                    "FrozenEncoder": flops}, probe, min_seconds)
     return rows
 
 
@@ -237,21 +261,22 @@ def _peak_in_fresh_process(*args) -> float | None:
 
 
 def step_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: int, rows: int, length: int,
-              docs: int, seed: int, gemm: float, min_seconds: float) -> list[dict]:
+              docs: int, seed: int, probe: perf.Probe, min_seconds: float) -> list[dict]:
     ids, mask = step_batch(model_dir, synthetic_docs(docs, seed), rows, length)
     modules = {kind: load_module(kind, model_dir, source_dir)
                for kind in ("encoder_study", "transformers")}
     calls = {f"{kind}, forward + backward": (lambda m=m: _forward_backward(m, ids, mask))
              for kind, m in modules.items()}
     flops = perf.step_flops(shape, [length] * rows)
-    out = _part("step", calls, threads, rows, length, dict.fromkeys(calls, flops), gemm, min_seconds)
+    out = _part("step", calls, threads, rows, length, dict.fromkeys(calls, flops), probe, min_seconds)
     for row, kind in zip(out, modules, strict=True):
         row["peak_rss_rise_mb"] = _peak_in_fresh_process(kind, model_dir, source_dir, threads, rows, length,
                                                          docs, seed)
     return out
 
 
-def words_part(model_dir: Path, docs: list[Doc], threads: int, gemm: float, min_seconds: float) -> list[dict]:
+def words_part(model_dir: Path, docs: list[Doc], threads: int, probe: perf.Probe,
+               min_seconds: float) -> list[dict]:
     encoder = TrainableEncoder(model_dir, threads=threads)
     batches = []
     handle = encoder.encoder.register_forward_pre_hook(lambda m, args: batches.append(args))
@@ -268,23 +293,43 @@ def words_part(model_dir: Path, docs: list[Doc], threads: int, gemm: float, min_
         sum(module(ids, mask).pow(2).mean() for ids, mask in batches).backward()
 
     return _part("words", {"modules on the recorded batches": modules, "TrainableEncoder": words},
-                 threads, len(docs), sum(int(m.sum()) for _, m in batches), {}, gemm, min_seconds)
+                 threads, len(docs), sum(int(m.sum()) for _, m in batches), {}, probe, min_seconds)
 
 
 def encoders(model_dir: str | os.PathLike, source_json: str | os.PathLike, threads: int, batch: int,
              seq_len: int, rows: int, length: int, docs: int, seed: int, min_seconds: float) -> list[dict]:
-    """Every row of the table (COLUMNS), the GEMM probe first."""
+    """Every row of the table (COLUMNS): the peak and the GEMM probe first, the probe across the run last."""
     model_dir = Path(model_dir)
     manifest.verified_model(model_dir)
     source_dir, _ = reference.source_dir(source_json)
     torch.manual_seed(seed)
     shape = perf.Shape.from_config(manifest.read_config(model_dir))
     sentences = synthetic_docs(docs, seed)
-    gemm, out = gemm_part(threads, min_seconds)
-    out += shape_part(model_dir, source_dir, shape, threads, batch, seq_len, gemm, min_seconds, seed)
-    out += frozen_part(model_dir, shape, sentences, threads, gemm, min_seconds)
-    out += step_part(model_dir, source_dir, shape, threads, rows, length, docs, seed, gemm, min_seconds)
-    out += words_part(model_dir, sentences, threads, gemm, min_seconds)
+    probe = perf.Probe(threads, min(perf.CALIBRATION_SECONDS, min_seconds))
+    out = peak_and_gemm_rows(probe)
+    out += shape_part(model_dir, source_dir, shape, threads, batch, seq_len, probe, min_seconds, seed)
+    out += frozen_part(model_dir, shape, sentences, threads, probe, min_seconds)
+    out += step_part(model_dir, source_dir, shape, threads, rows, length, docs, seed, probe, min_seconds)
+    out += words_part(model_dir, sentences, threads, probe, min_seconds)
+    return [*out, probe_run_row(probe)]
+
+
+def notes(rows: list[dict]) -> list[str]:
+    """The limit in words, for the fragment: the peak against the measured best, the probe's spread
+    across the run, and every fraction above 1 with its cause."""
+    peak, run = rows[0], rows[-1]
+    out = [f"theoretical peak {peak['path'].removeprefix('theoretical: ')}; the measured best (the probe's "
+           f"calibration, {peak['gemm_gflops']:.1f} GFLOP/s) is {peak['ratio']:.2f} of it",
+           f"the probe ({run['gemm_probe']}) across the run: median {run['gemm_gflops']:.1f} GFLOP/s, "
+           f"range {run['gemm_gflops_min']:.1f}-{run['gemm_gflops_max']:.1f} over {run['repeats']} calls; "
+           "per part: " + ", ".join(f"{part} {rate:.1f}" for part, rate in
+                                    {r["part"]: r["gemm_gflops"] for r in rows[1:-1]
+                                     if r["part"] != "gemm"}.items())]
+    if peak["ratio"] and peak["ratio"] > 1:
+        out.append("the measured best is above the theoretical peak: the clock read is below the clock the "
+                   "cores ran at (boost), or the rule's units or lanes undercount this CPU")
+    out += [f"{r['part']}, {r['path']}: {r['fraction_of_gemm']:.2f} of GEMM, {r['limit_note']}"
+            for r in rows if r.get("limit_note")]
     return out
 
 

@@ -101,3 +101,107 @@ def reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+# -- the theoretical float32 peak -----------------------------------------------------------------------
+
+def cpuinfo_fields(text: str | None = None) -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (or of `text`); {} where there is none."""
+    if text is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block ends
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def _max_mhz() -> tuple[float, str] | None:
+    """The cores' highest clock where the system says it: cpufreq, then lscpu (which reads the same
+    sysfs, or the CPU's own table); None inside most virtual machines, which expose neither."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", encoding="ascii") as handle:
+            return int(handle.read()) / 1000, "cpufreq cpuinfo_max_freq"
+    except (OSError, ValueError):
+        pass
+    import shutil
+    import subprocess
+
+    if shutil.which("lscpu"):
+        try:
+            out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
+                                 env={"LC_ALL": "C", "PATH": os.environ.get("PATH", "")}).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        for line in out.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "CPU max MHz":
+                try:
+                    return float(value), "lscpu CPU max MHz"
+                except ValueError:
+                    break
+    return None
+
+
+def simd_units(flags: set[str], vendor: str, family: int, model: int) -> tuple[int, int, str]:
+    """(FMA units per core, float32 lanes per unit, how they were decided) from the CPU's flags.
+
+    Lanes: 16 with avx512f, 8 with avx, 4 otherwise (SSE). Units: 2 with fma (Intel since Haswell, AMD
+    since Zen issue two FMAs a cycle), else 1 (a multiply and an add pipe: one multiply-add a cycle).
+    AMD's data paths are narrower than the widest instruction on some generations: Zen and Zen+ (family
+    0x17, models below 0x30) split 256-bit work into 128-bit halves, Zen 2 to Zen 4 (0x17, 0x19) run
+    AVX-512 on 256-bit units; Zen 5 (0x1A) and later are taken at 512 bits. Some Intel parts with
+    AVX-512 have one 512-bit FMA unit, not two: there the result is twice their peak."""
+    bits = 512 if "avx512f" in flags else 256 if "avx" in flags else 128
+    units = 2 if "fma" in flags else 1
+    rule = f"{'avx512f' if bits == 512 else 'avx' if bits == 256 else 'sse'}: {bits}-bit vectors; " \
+           f"{'fma: 2 FMA units' if units == 2 else 'no fma: 1 multiply-add a cycle'}"
+    if vendor == "AuthenticAMD" and family in (0x17, 0x19):
+        path = 128 if family == 0x17 and model < 0x30 else 256
+        if path < bits:
+            bits, rule = path, rule + f"; AMD family {family:#x} model {model:#x}: {path}-bit data paths"
+    return units, bits // 32, rule
+
+
+def fp32_peak(threads: int, cpuinfo: str | None = None) -> dict:
+    """The theoretical float32 peak at `threads` threads, with its inputs:
+    cores x FMA units x lanes x 2 (a multiply-add) x clock. The clock is the highest the system states
+    (cpufreq, lscpu), else /proc/cpuinfo's `cpu MHz`: the current or, in a virtual machine, the host's
+    nominal clock, which boost clocks exceed (a measured rate above this peak says so)."""
+    fields = cpuinfo_fields(cpuinfo)
+    flags = set(fields.get("flags", "").split())
+
+    def number(key: str) -> int:
+        try:
+            return int(fields.get(key, ""))
+        except ValueError:
+            return -1
+
+    units, lanes, rule = simd_units(flags, fields.get("vendor_id", ""), number("cpu family"), number("model"))
+    stated = _max_mhz() if cpuinfo is None else None
+    if stated is None:
+        try:
+            stated = float(fields["cpu MHz"]), "/proc/cpuinfo cpu MHz"
+        except (KeyError, ValueError):
+            stated = 0.0, "unknown"
+    mhz, source = stated
+    cores_used = usable_threads(threads)
+    return {"gflops": cores_used * units * lanes * 2 * mhz / 1000, "cores": cores_used, "fma_units": units,
+            "lanes": lanes, "ghz": mhz / 1000, "clock_source": source, "rule": rule,
+            "cpu": fields.get("model name", "unknown")}
+
+
+def peak_text(peak: dict) -> str:
+    """One line: the peak and its inputs."""
+    cores = f"{peak['cores']} core{'' if peak['cores'] == 1 else 's'}"
+    return (f"{peak['gflops']:.1f} GFLOP/s = {cores} x {peak['fma_units']} FMA units x "
+            f"{peak['lanes']} float32 lanes x 2 x {peak['ghz']:.3f} GHz ({peak['clock_source']}); "
+            f"{peak['cpu']}; {peak['rule']}")

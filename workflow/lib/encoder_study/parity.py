@@ -68,12 +68,13 @@ def inference_parity(pair: compare.Pair, texts: list[str], threads: int, batch: 
 
 
 def latency(pair: compare.Pair, threads: int, batches: tuple[int, ...], seq_len: int, warmup: int,
-            runs: int, min_seconds: float, seed: int = 0) -> list[dict]:
+            runs: int, min_seconds: float, seed: int = 0, probe: perf.Probe | None = None) -> list[dict]:
     """Milliseconds per call of each runtime on the same random inputs: median, quartiles, min and max
     over at least `runs` calls and `min_seconds` of calls each, the runtimes taking turns; the rate
-    against the machine's matrix-multiply rate, measured first at the same threads (`perf`)."""
+    against the machine's matrix-multiply rate at the same threads, the GEMM probe taking turns with them
+    (`perf.Probe`: each cell against the probe measured beside it). `probe`: one made here if None."""
     threads = machine.torch_threads(threads)
-    gemm = perf.gemm_rate(threads, min_seconds)
+    probe = probe or perf.Probe(threads)
     session = ort_session(pair.onnx_path, threads)
     vocab = int(pair.torch_model.config.vocab_size)
     seq_len = min(seq_len, pair.pieces.max_pieces)
@@ -89,14 +90,16 @@ def latency(pair: compare.Pair, threads: int, batches: tuple[int, ...], seq_len:
             "pytorch": lambda ids=ids, mask=mask: compare.torch_states(pair.torch_model, ids, mask),
         }
         flops = perf.encoder_flops(shape, [seq_len] * batch)
-        for runtime, times in perf.measure(calls, min_seconds, min_repeats=runs, warmup=warmup,
-                                                block_seconds=perf.BLOCK_SECONDS).items():
-            t = perf.Spread.of(times)
+        times = perf.measure(calls, min_seconds, min_repeats=runs, warmup=warmup,
+                             block_seconds=perf.BLOCK_SECONDS, probe=probe)
+        limit = probe.limit(times)
+        for runtime in calls:
+            t = perf.Spread.of(times[runtime])
             rows.append({"model": pair.name, "runtime": runtime, "threads": threads, "batch": batch,
                          "seq_len": seq_len, "median_ms": t.median * 1e3, "min_ms": t.min * 1e3,
                          "max_ms": t.max * 1e3, "runs": t.repeats, "q1_ms": t.q1 * 1e3, "q3_ms": t.q3 * 1e3,
-                         "seconds": t.seconds, "gflop": flops / 1e9, **perf.rates(flops, t.median, gemm),
-                         "gemm_gflops": gemm})
+                         "seconds": t.seconds, "gflop": flops / 1e9, **limit.rates(flops, t.median),
+                         **limit.columns()})
     return rows
 
 
@@ -163,13 +166,17 @@ def latency_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike, t
     report = Report("Latency", "", inputs=model_inputs(model_dir, source_json))
     pair = compare.Pair.load(model_dir, source_json)
     before = machine.load_average()
-    rows = latency(pair, threads, batches, seq_len, warmup, runs, min_seconds)
+    probe = perf.Probe(threads, min(perf.CALIBRATION_SECONDS, min_seconds))
+    rows = latency(pair, threads, batches, seq_len, warmup, runs, min_seconds, probe=probe)
     after = machine.load_average()
     for row in rows:
         row.update(load_before=before.split()[0], load_after=after.split()[0])
     report.notes.append(f"load average (1, 5, 15 min) before: {before}; after: {after}. Each cell: at "
                         f"least {runs} calls and {min_seconds:g} s of calls per runtime, taking turns. "
                         "Indicative timings on a possibly shared machine, not a gated result.")
+    report.notes += probe.notes()
+    report.notes += [f"{r['runtime']}, batch {r['batch']}: {r['fraction_of_gemm']:.2f} of GEMM, "
+                     f"{r['limit_note']}" for r in rows if r["limit_note"]]
     report.markdown = write_rows("latency", rows, out)
     report.outputs.append(out)
     return report

@@ -21,7 +21,8 @@ TRAINABLE_COLUMNS = ["model", "family", "comparison", "tokens", "max_abs", "mean
                      "batch_equal"]
 LATENCY_COLUMNS = ["model", "runtime", "threads", "batch", "seq_len", "median_ms", "min_ms", "max_ms", "runs",
                    "q1_ms", "q3_ms", "seconds", "gflop", "gflops", "gemm_gflops", "fraction_of_gemm",
-                   "load_before", "load_after"]
+                   "load_before", "load_after", "gemm_gflops_min", "gemm_gflops_max", "gemm_probe",
+                   "peak_gflops", "limit_note"]
 
 _SHARED = {column[0]: column for column in tables.PARITY_COLUMNS}
 # Markdown columns (key, title, spec) as tables.markdown takes them. Counts a table shows as they are

@@ -1,10 +1,17 @@
-"""Timings read against the machine's own limit: its matrix-multiply rate, the model's counted work, and
-medians over enough work that the noise is small.
+"""Timings read against the machine's own limit: its best float32 matrix-multiply rate, the model's
+counted work, and medians over enough work that the noise is small.
 
-The limit. `gemm_rate(threads)` multiplies two float32 matrices of 2048 x 2048 with PyTorch at the
-job's thread count, as often as it takes to fill `min_seconds`, and returns the median GFLOP/s
-(2 n^3 floating-point operations a product). Every timing job measures it itself, just before it times,
-so a row's `fraction_of_gemm` compares its model with the same machine, threads and moment.
+The limit. A `Probe(threads)` first times several float32 products, each implementation at several shapes
+(`GEMM_SHAPES`: ONNX Runtime's own MatMul kernel and `torch.mm`, which on a CPU may take different paths:
+MKL's generic AVX2 kernels on AMD, ONNX Runtime's MLAS with AVX-512), briefly and in turn, and keeps the
+fastest: the best rate this machine reaches at these threads. Then it takes turns with the timed work:
+`measure(calls, ..., probe=probe)` runs one probe turn in every round, in the same rotation and blocks as
+the implementations, so that each cell's `fraction_of_gemm` reads its rate against the probe measured
+beside it, under the same load (`Limit`). A fraction above 1.0 is then not expected; where it occurs,
+`Limit.note` says why (the probe slowed beside the cell: the load changed; or the cell outran the best
+product). Beside the measured limit stands the theoretical peak (`machine.fp32_peak`: cores x FMA units
+x lanes x 2 x clock, with its inputs). `Probe.turns` keeps every probe call of the process: the probe's
+spread across a run.
 
 The work. `encoder_flops(shape, lengths)` counts the matrix products of a transformer encoder's forward
 pass over sequences of the given lengths (each run alone, no padding), a multiply-add counted as 2:
@@ -36,8 +43,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-GEMM_SIZE = 2048
+from . import machine
+
 BLOCK_SECONDS = 0.25  # turns of ONNX Runtime against PyTorch (see measure)
+PROBE = "gemm probe"  # measure's key for the probe's per-call seconds
+# (m, k, n) of the probe's candidate products: squares, and the tall product of a feed-forward layer.
+# None above 2 GFLOP, so that a calibration stays short on a loaded machine too.
+GEMM_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (1024, 512, 2048))
+GEMM_IMPLEMENTATIONS = ("onnxruntime MatMul", "torch.mm")
+CALIBRATION_SECONDS = 0.1  # of each candidate, when a probe picks the fastest
+PROBE_CALLS = 2  # timed calls of a probe turn, after its untimed one
+DRIFT = 0.9  # a probe beside a cell below this share of its calibration rate: the load changed
 
 
 @dataclass(frozen=True)
@@ -93,8 +109,11 @@ class Spread:
 
 
 def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_repeats: int = 5,
-            warmup: int = 1, block_seconds: float = 0.0) -> dict[str, list[float]]:
+            warmup: int = 1, block_seconds: float = 0.0,
+            probe: Probe | None = None) -> dict[str, list[float]]:
     """Per-call seconds of each callable, interleaved; see the module's docstring.
+
+    `probe`: one probe turn opens every timed round (`Probe.turn`), its seconds under the key PROBE.
 
     `block_seconds` > 0: each turn is a block of calls of at least that many seconds, after one untimed
     call. For runtimes with thread pools of their own (ONNX Runtime's spin after a run, PyTorch's OpenMP
@@ -108,7 +127,11 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
             call()
     times: dict[str, list[float]] = {name: [] for name in calls}
     totals = dict.fromkeys(calls, 0.0)
+    if probe is not None:
+        times[PROBE] = []
     while pending := [n for n in calls if totals[n] < min_seconds or len(times[n]) < min_repeats]:
+        if probe is not None:
+            times[PROBE] += probe.turn()
         for name in pending:  # a path that has its share sits out, so fast paths don't stretch slow ones
             call = calls[name]
             if block_seconds:
@@ -126,24 +149,175 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
     return times
 
 
-def gemm_spread(threads: int, min_seconds: float, size: int = GEMM_SIZE) -> Spread:
-    """Seconds per float32 `size` x `size` product at `threads` PyTorch threads (set here)."""
-    import torch
+@dataclass(frozen=True)
+class Gemm:
+    """One candidate product of the probe: float32 [m, k] x [k, n] by one implementation."""
 
-    from . import machine
+    implementation: str
+    m: int
+    k: int
+    n: int
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.k * self.n
+
+    @property
+    def name(self) -> str:
+        return f"{self.implementation} float32 {self.m} x {self.k} x {self.n}"
+
+    def call(self, threads: int) -> Callable[[], object]:
+        """A callable that computes the product once, on seeded operands made here."""
+        if self.implementation == "torch.mm":
+            return _torch_product(self.m, self.k, self.n, threads)
+        if self.implementation == "onnxruntime MatMul":
+            return _ort_product(self.m, self.k, self.n, threads)
+        raise ValueError(f"unknown GEMM implementation {self.implementation!r}; expected one of "
+                         f"{list(GEMM_IMPLEMENTATIONS)}")
+
+
+def gemm_candidates() -> list[Gemm]:
+    return [Gemm(impl, *shape) for impl in GEMM_IMPLEMENTATIONS for shape in GEMM_SHAPES]
+
+
+def _torch_product(m: int, k: int, n: int, threads: int) -> Callable[[], object]:
+    import torch
 
     machine.torch_threads(threads)
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator)
-    b = torch.randn(size, size, generator=generator)
-    out = torch.empty(size, size)
-    return Spread.of(measure({"gemm": lambda: torch.mm(a, b, out=out)}, min_seconds, min_repeats=5,
-                             warmup=2)["gemm"])
+    a, b = torch.randn(m, k, generator=generator), torch.randn(k, n, generator=generator)
+    out = torch.empty(m, n)
+    return lambda: torch.mm(a, b, out=out)
 
 
-def gemm_rate(threads: int, min_seconds: float, size: int = GEMM_SIZE) -> float:
-    """The machine's float32 matrix-multiply rate in GFLOP/s at `threads` PyTorch threads (set here)."""
-    return 2.0 * size ** 3 / gemm_spread(threads, min_seconds, size).median / 1e9
+def _ort_product(m: int, k: int, n: int, threads: int) -> Callable[[], object]:
+    """ONNX Runtime's MatMul kernel alone, operands and result bound once (no copies per call). Its
+    threads do not spin after a run, so that they take nothing from the work timed after a probe turn."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from .runtime import session_options
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [k, n])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [m, n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    options = session_options(machine.usable_threads(threads))
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    operands = (rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32),
+                np.empty((m, n), np.float32))
+    binding = session.io_binding()
+    binding.bind_cpu_input("a", operands[0])
+    binding.bind_cpu_input("b", operands[1])
+    binding.bind_output("c", "cpu", 0, np.float32, [m, n], operands[2].ctypes.data)
+
+    def call(operands=operands):  # the binding holds raw pointers: the arrays must live as long
+        session.run_with_iobinding(binding)
+        return operands[2]
+    return call
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The limit beside one cell: the probe's rate in the rounds of that cell, with its inputs."""
+
+    gemm: str  # the probe's product
+    gflops: float  # its median rate beside the cell
+    gflops_min: float
+    gflops_max: float
+    calibration_gflops: float  # its rate when the probe picked it
+    peak_gflops: float  # the theoretical peak (machine.fp32_peak)
+
+    def columns(self) -> dict:
+        """The columns every timing table carries about its limit."""
+        return {"gemm_gflops": self.gflops, "gemm_gflops_min": self.gflops_min,
+                "gemm_gflops_max": self.gflops_max, "gemm_probe": self.gemm, "peak_gflops": self.peak_gflops}
+
+    def rates(self, flops: float, seconds: float) -> dict:
+        """`gflops`, `fraction_of_gemm` and `limit_note` of `flops` done in `seconds`."""
+        out = rates(flops, seconds, self.gflops)
+        return {**out, "limit_note": self.note(out["fraction_of_gemm"])}
+
+    def note(self, fraction: float) -> str:
+        """Empty for a fraction up to 1.0; above it, why the cell outran its limit."""
+        if not fraction > 1.0:
+            return ""
+        if self.gflops < DRIFT * self.calibration_gflops:
+            share = self.gflops / self.calibration_gflops
+            return (f"above 1: the probe ran at {share:.2f} of its calibration rate beside this cell: the "
+                    "load changed during the cell")
+        return ("above 1: faster than the best product measured beside it: the cell computes less than "
+                "is counted, or its products suit the caches better than the probe's")
+
+
+class Probe:
+    """The machine's float32 limit at `threads` threads (see the module's docstring)."""
+
+    def __init__(self, threads: int, calibration_seconds: float = CALIBRATION_SECONDS,
+                 candidates: Sequence[Gemm] | None = None):
+        self.threads = machine.usable_threads(threads)
+        candidates = list(candidates or gemm_candidates())
+        calls = {g.name: g.call(self.threads) for g in candidates}
+        # each turn one untimed call: the implementations have thread pools of their own
+        times = measure(calls, calibration_seconds, min_repeats=2, warmup=0, block_seconds=1e-9)
+        self.calibration = {g: Spread.of(times[g.name]) for g in candidates}
+        self.gemm = max(candidates, key=lambda g: g.flops / self.calibration[g].median)
+        self.calibration_gflops = self.gemm.flops / self.calibration[self.gemm].median / 1e9
+        self._call = calls[self.gemm.name]
+        self.peak = machine.fp32_peak(self.threads)
+        self.turns: list[float] = []  # every timed probe call since: the probe's spread across the run
+
+    def turn(self) -> list[float]:
+        """One untimed call (the previous work's threads wind down), then PROBE_CALLS timed ones."""
+        self._call()
+        out = []
+        for _ in range(PROBE_CALLS):
+            start = time.perf_counter()
+            self._call()
+            out.append(time.perf_counter() - start)
+        self.turns += out
+        return out
+
+    def limit(self, times: Mapping[str, Sequence[float]] | Sequence[float]) -> Limit:
+        """The limit from a `measure(..., probe=self)` result (or the probe's seconds themselves)."""
+        seconds = times[PROBE] if isinstance(times, Mapping) else times
+        if not seconds:
+            raise ValueError("no probe calls: pass probe= to measure")
+        spread = Spread.of(seconds)
+        rate = self.gemm.flops / 1e9
+        return Limit(self.gemm.name, rate / spread.median, rate / spread.max, rate / spread.min,
+                     self.calibration_gflops, self.peak["gflops"])
+
+    def rate(self, times: Mapping[str, Sequence[float]]) -> float:
+        """The probe's median GFLOP/s in a `measure(..., probe=self)` result."""
+        return self.limit(times).gflops
+
+    def run_limit(self) -> Limit:
+        """The limit over every probe call so far: its spread across the run."""
+        return self.limit(self.turns)
+
+    def notes(self) -> list[str]:
+        """The probe, its calibration and the peak, for a fragment."""
+        best = self.gemm.flops / self.calibration[self.gemm].median / 1e9
+        tried = "; ".join(f"{g.name} {g.flops / s.median / 1e9:.1f}" for g, s in self.calibration.items())
+        out = [f"GEMM probe at {self.threads} thread(s): {self.gemm.name}, the fastest of {tried} GFLOP/s "
+               "(calibration medians)",
+               f"theoretical float32 peak: {machine.peak_text(self.peak)}"]
+        if self.turns:
+            run = self.run_limit()
+            out.append(f"the probe across the job: median {run.gflops:.1f} GFLOP/s, range "
+                       f"{run.gflops_min:.1f}-{run.gflops_max:.1f} over {len(self.turns)} calls beside the "
+                       "timed work")
+        if best > self.peak["gflops"]:
+            out.append(f"the measured best ({best:.1f} GFLOP/s) is above the theoretical peak: the clock "
+                       f"read ({self.peak['clock_source']}, {self.peak['ghz']:.3f} GHz) is below the clock "
+                       "the cores ran at (boost), or the rule's units or lanes undercount this CPU")
+        return out
 
 
 def rates(flops: float, seconds: float, gemm_gflops: float) -> dict:

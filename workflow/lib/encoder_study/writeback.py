@@ -437,11 +437,12 @@ def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, 
         lengths = [len(window) for doc in encoder.tokenizer.prepare_many(docs, encoder.max_length)
                    for window in doc.inputs]
         flops = perf.encoder_flops(perf.Shape.from_config(encoder.config), lengths)
-        gemm = perf.gemm_rate(threads, min_seconds)
+        probe = perf.Probe(threads)  # the limit, taking turns with the two (perf.measure's probe)
         times = perf.measure({"modules": lambda m=modules: _tag_all(m, batches),
                               "graph": lambda g=graph: _tag_all(g, batches)},
                              min_seconds, min_repeats=repeats, warmup=warmup,
-                             block_seconds=perf.BLOCK_SECONDS)
+                             block_seconds=perf.BLOCK_SECONDS, probe=probe)
+        gemm = probe.rate(times)
         mod, gra = perf.Spread.of(times["modules"]), perf.Spread.of(times["graph"])
         rows.append({"run": run, "encoder": _encoder_name(graph), "threads": threads,
                      "sentences": len(docs), "tokens": tokens, "repeats": min(mod.repeats, gra.repeats),

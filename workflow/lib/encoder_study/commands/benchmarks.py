@@ -34,7 +34,10 @@ def encoders(args) -> int:
         frag.table("Encoder benchmarks", markdown)
         frag.note(f"{threads} thread(s); every cell the median of at least {args.min_seconds:g} s of calls, "
                   f"the paths of a part taking turns; load average (1, 5, 15 min) before: {before}, after: "
-                  f"{machine.load_average()}. Timings are this machine's; read them against the gemm row.")
+                  f"{machine.load_average()}. Timings are this machine's; each row reads its rate against "
+                  "the GEMM probe measured beside it (gemm_gflops).")
+        for note in benchmarks.notes(rows):
+            frag.note(note)
     return 0
 
 

@@ -40,7 +40,8 @@ from ..errors import UserError
 COLUMNS = ["model", "implementation", "forward_s", "backward_s", "clip_s", "optimizer_s", "total_s",
            "parameters", "batch", "length", "steps", "threads", "max_abs", "device", "total_s_min",
            "total_s_max", "total_s_q1", "total_s_q3", "seconds", "gflop", "gflops", "gemm_gflops",
-           "fraction_of_gemm", "forward_fraction_of_gemm"]
+           "fraction_of_gemm", "forward_fraction_of_gemm", "gemm_gflops_min", "gemm_gflops_max", "gemm_probe",
+           "peak_gflops", "limit_note"]
 PARTS = ("forward_s", "backward_s", "clip_s", "optimizer_s")
 IMPLEMENTATIONS = ("encoder_study", "transformers")
 
@@ -110,16 +111,17 @@ class Stepper:
 
 
 def time_steps(steppers: list[Stepper], ids, mask, gold, warmup: int, steps: int,
-               min_seconds: float) -> list[dict]:
+               min_seconds: float, probe: perf.Probe | None = None) -> tuple[list[dict], perf.Limit | None]:
     """Each part's median seconds per stepper, over at least `steps` steps and `min_seconds` of steps
-    each after `warmup` untimed ones, the steppers taking turns; the total's spread beside it."""
+    each after `warmup` untimed ones, the steppers taking turns; the total's spread beside it. With a
+    `probe`, it takes its turn in every round, and the limit beside the steps comes back too."""
     parts: list[list[tuple[float, ...]]] = [[] for _ in steppers]
 
     def call(k: int):
         return lambda: parts[k].append(steppers[k].step(ids, mask, gold))
 
-    perf.measure({str(k): call(k) for k in range(len(steppers))}, min_seconds, min_repeats=steps,
-                 warmup=warmup)
+    times = perf.measure({str(k): call(k) for k in range(len(steppers))}, min_seconds, min_repeats=steps,
+                         warmup=warmup, probe=probe)
     rows = []
     for per, stepper in zip(parts, steppers, strict=True):
         per = per[warmup:]
@@ -128,15 +130,17 @@ def time_steps(steppers: list[Stepper], ids, mask, gold, warmup: int, steps: int
                      "total_s": total.median, "total_s_min": total.min, "total_s_max": total.max,
                      "total_s_q1": total.q1, "total_s_q3": total.q3, "steps": total.repeats,
                      "seconds": total.seconds, "parameters": stepper.parameters_trained()})
-    return rows
+    return rows, probe.limit(times) if probe else None
 
 
 def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batch: int, length: int,
               warmup: int, steps: int, lr: float, seed: int, min_seconds: float,
-              weight_decay: float = 0.01, clip: float = 1.0, device: str = "cpu") -> list[dict]:
+              weight_decay: float = 0.01, clip: float = 1.0, device: str = "cpu",
+              probe: perf.Probe | None = None) -> list[dict]:
     """Rows (COLUMNS) for both implementations of one exported model; torch's thread count as set.
 
-    `device`: "cpu" or "cuda" (resolved; `trainable.harness.resolve_device` resolves "auto")."""
+    `device`: "cpu" or "cuda" (resolved; `trainable.harness.resolve_device` resolves "auto"). `probe`: the
+    GEMM probe at torch's threads (`perf.Probe`), made here if None (CPU only)."""
     if steps < 1 or warmup < 0 or batch < 1 or length < 1:
         raise StepTimeError("steps, batch and length must be positive and warmup 0 or more")
     model_dir = Path(model_dir)
@@ -157,22 +161,26 @@ def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batc
     width = ours.tokens.weight.shape[1]
     steppers = [Stepper(encoder, _head(width, seed), lr, weight_decay, clip, device)
                 for encoder in (ours, theirs)]
-    # The limit: the CPU's matrix-multiply rate at torch's threads (on CUDA this is still the CPU's, so
-    # fraction_of_gemm is then left empty).
-    gemm = perf.gemm_rate(torch.get_num_threads(), min_seconds) if device == "cpu" else None
+    # The limit: the CPU's matrix-multiply rate at torch's threads, the probe taking turns with the steps
+    # (on CUDA there is no CPU limit to read a GPU step against: fraction_of_gemm is then left empty).
+    if device == "cpu":
+        probe = probe or perf.Probe(torch.get_num_threads(), min(perf.CALIBRATION_SECONDS, min_seconds))
+    else:
+        probe = None
     shape = perf.Shape.from_config(theirs.model.config.to_dict())
     flops = perf.step_flops(shape, [length] * batch)
     forward_flops = perf.encoder_flops(shape, [length] * batch)
-    timings = time_steps(steppers, ids, mask, gold, warmup, steps, min_seconds)
+    timings, limit = time_steps(steppers, ids, mask, gold, warmup, steps, min_seconds, probe)
     rows = []
     for name, timing in zip(IMPLEMENTATIONS, timings, strict=True):
-        gflops = flops / timing["total_s"] / 1e9
-        rows.append({"model": record.get("model", model_dir.name), "implementation": name, **timing,
-                     "batch": batch, "length": length, "threads": torch.get_num_threads(), "max_abs": max_abs,
-                     "device": device, "gflop": flops / 1e9, "gflops": gflops, "gemm_gflops": gemm,
-                     "fraction_of_gemm": gflops / gemm if gemm else None,
-                     "forward_fraction_of_gemm":
-                         forward_flops / timing["forward_s"] / 1e9 / gemm if gemm else None})
+        row = {"model": record.get("model", model_dir.name), "implementation": name, **timing, "batch": batch,
+               "length": length, "threads": torch.get_num_threads(), "max_abs": max_abs, "device": device,
+               "gflop": flops / 1e9, "gflops": flops / timing["total_s"] / 1e9, "gemm_gflops": None,
+               "fraction_of_gemm": None, "forward_fraction_of_gemm": None}
+        if limit:
+            row.update(**limit.rates(flops, timing["total_s"]), **limit.columns(),
+                       forward_fraction_of_gemm=forward_flops / timing["forward_s"] / 1e9 / limit.gflops)
+        rows.append(row)
     return rows
 
 
