@@ -65,7 +65,7 @@ rule provenance_crate:
     shell:
         "encoder-study provenance crate --base {params.base:q} --workflow {input.workflow:q}"
         " --citation {input.citation:q} --license {input.license:q} --readme {input.readme:q}"
-        " --agent {params.agent:q} --out {output.crate:q} --digest-out {output.digest:q}"
+        " --agent={params.agent:q} --out {output.crate:q} --digest-out {output.digest:q}"
         " --provenance {output.prov:q} {input.fragments:q} --code {input.sources:q}"
         " --documents {input.documents:q} --configfiles {input.configfiles:q} > {log:q} 2>&1"
 
