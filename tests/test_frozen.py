@@ -381,6 +381,62 @@ def test_batches_are_sorted_padded_and_do_not_change_results(tiny_exports, name)
         assert (np.diff(mask, axis=1) <= 0).all()  # right padding: ones, then zeros
 
 
+def serial_reference(encoder: FrozenEncoder, session, docs: list[Doc]) -> list[np.ndarray]:
+    """What a plain serial loop computes: every window of every document, longest first (ties in call
+    order), `batch_size` at a time, each batch padded and run by `session`, then each document pooled
+    alone. The frozen encoder runs the same batches in a worker thread and pools as documents finish."""
+    prepared = encoder.tokenizer.prepare_many(docs, encoder.max_length)
+    jobs = sorted(((d, k) for d, p in enumerate(prepared) for k in range(len(p.windows))),
+                  key=lambda job: -len(prepared[job[0]].inputs[job[1]]))
+    hidden = [np.zeros((len(p), encoder.width), np.float32) for p in prepared]
+    for start in range(0, len(jobs), encoder.batch_size):
+        batch = jobs[start:start + encoder.batch_size]
+        ids, mask = runtime.pad_batch([prepared[d].inputs[k] for d, k in batch], encoder.pad_id)
+        out = session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask})[0]
+        for i, (d, k) in enumerate(batch):
+            mine = prepared[d].owner == k
+            hidden[d][mine] = out[i, prepared[d].row[mine]]
+    return [p.words.pool(h, encoder.pooling) for p, h in zip(prepared, hidden, strict=True)]
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_the_pipelined_encoder_gives_the_serial_loop_s_bytes(tiny_exports, name):
+    docs = [*DOCS, Doc.from_words(long_text(4).split()), SPLIT_DOC, Doc.from_words(["\u200b"]), *DOCS[:2]]
+    for pooling in ("mean", "first"):
+        encoder = FrozenEncoder(tiny_exports[name], pooling=pooling, max_length=24, batch_size=3)
+        session = encoder.session
+        expected = serial_reference(encoder, session, list(dict.fromkeys(docs)))
+        by_doc = dict(zip(dict.fromkeys(docs), expected, strict=True))
+        got = encoder(docs[:4]) + encoder(docs)  # a second call runs only what the first did not
+        for doc, vectors in zip(docs[:4] + docs, got, strict=True):
+            assert vectors.dtype == np.float32 and vectors.tobytes() == by_doc[doc].tobytes()
+        if not len(encoder.tokenizer.encode("\u200b")[0]):  # no pieces (WordPiece drops it): zeros
+            assert not got[docs.index(Doc.from_words(["\u200b"])) + 4].any()
+
+
+def test_a_failed_run_is_raised_and_the_encoder_stays_usable(tiny_exports):
+    encoder = FrozenEncoder(tiny_exports["bert-tiny"], max_length=16, batch_size=1)
+    session = encoder.session
+
+    class Fails:
+        calls = 0
+
+        def run(self, names, feeds):
+            Fails.calls += 1
+            if Fails.calls == 2:
+                raise RuntimeError("the second batch fails")
+            return session.run(names, feeds)
+
+    encoder.session = Fails()
+    with pytest.raises(RuntimeError, match="the second batch fails"):
+        encoder(DOCS)
+    assert Fails.calls == 2  # the worker stopped at the failure
+    encoder.session = session
+    for got, alone in zip(encoder(DOCS), [FrozenEncoder(tiny_exports["bert-tiny"], max_length=16)([d])[0]
+                                          for d in DOCS], strict=True):
+        np.testing.assert_allclose(got, alone, atol=TOL, rtol=0)
+
+
 def test_pad_batch_pads_rows_on_the_right_with_the_pad_id():
     ids, mask = runtime.pad_batch([np.array([5, 6, 7], np.int32), [8]], 1)
     assert ids.dtype == mask.dtype == np.int64
