@@ -4,6 +4,7 @@ import pytest
 
 from encoder_study import benchmarks, perf, tables
 from encoder_study.commands.benchmarks import parser
+from encoder_study.onnx import fusion
 
 
 def test_every_part_and_its_rates(tiny_exports, models_dir, tmp_path):
@@ -20,6 +21,7 @@ def test_every_part_and_its_rates(tiny_exports, models_dir, tmp_path):
     assert [(r["part"], r["path"]) for r in timed] == [
         ("shape", "onnxruntime (exported graph)"), ("shape", "encoder_study modules, forward"),
         ("shape", "transformers (eager), forward"),
+        *(("graphs", f"onnxruntime ({variant})") for variant in fusion.VARIANTS),
         ("frozen", "bare session.run, same batches"), ("frozen", "FrozenEncoder"),
         ("frozen", "FrozenEncoder own work (outputs replayed)"),
         ("step", "encoder_study, forward + backward"), ("step", "transformers, forward + backward"),
@@ -39,11 +41,17 @@ def test_every_part_and_its_rates(tiny_exports, models_dir, tmp_path):
         assert row["repeats"] >= 5
     # the probe measured beside each part: one limit per part, the run's spread over all of them
     per_part = {r["part"]: r["gemm_gflops"] for r in timed}
-    assert len(per_part) == 4 and all(r["gemm_gflops"] == per_part[r["part"]] for r in timed)
+    assert len(per_part) == 5 and all(r["gemm_gflops"] == per_part[r["part"]] for r in timed)
     run = rows[-1]
     assert run["gemm_gflops_min"] <= min(per_part.values())
     assert max(per_part.values()) <= run["gemm_gflops_max"]
     by_path = {r["path"]: r for r in rows}
+    # every graph variant computes the model: within float32 noise of Hugging Face's on padded rows
+    graphs = [r for r in rows if r["part"] == "graphs"]
+    assert graphs[0]["graph"] == "none" and "Attention 2" in graphs[1]["graph"]
+    assert "SkipLayerNormalization" not in graphs[2]["graph"] and "Attention 2" in graphs[2]["graph"]
+    assert all(r["max_abs"] < 1e-4 * max(1.0, r["max_value"]) for r in graphs)
+    assert len({r["gflop"] for r in graphs}) == 1 and graphs[0]["ratio"] == 1.0
     # the same counted work for both paths a part compares; the step is three forward passes
     assert by_path["FrozenEncoder"]["gflop"] == by_path["bare session.run, same batches"]["gflop"]
     assert by_path["encoder_study, forward + backward"]["gflop"] == pytest.approx(

@@ -11,6 +11,10 @@ One table, results/benchmarks/encoders.csv, one row per timed path, in these par
               graph, our trainable modules' forward pass and Hugging Face's (eager attention), both
               without autograd. fraction_of_gemm is the question "how close to the machine's matmul rate
               does each path run"; ratio is against the ONNX Runtime row.
+    graphs    ONNX Runtime at the same shape on each graph variant (onnx.fusion: the exported graph, ONNX
+              Runtime's transformer optimizer with its default fusions, and with attention and GELU fusions
+              only), side by side; max_abs: each variant against Hugging Face's model on the same ids with
+              padded rows (real tokens only), max_value the largest value there
     frozen    FrozenEncoder on `docs` synthetic sentences (fresh cache each time: tokenize, windows,
               batches, run, pool) against a bare session.run loop over exactly the batches the encoder
               sent (recorded once), on the same session; and the encoder's own work with the model's
@@ -39,6 +43,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +51,7 @@ import torch
 
 from . import machine, manifest, perf, reference, tables, trainable
 from .frozen import FrozenEncoder
+from .onnx import fusion
 from .runtime import OUTPUT, ort_session
 from .tokens import Doc, PieceTokenizer
 from .trainable.words import TrainableEncoder
@@ -53,12 +59,13 @@ from .trainable.words import TrainableEncoder
 COLUMNS = ["part", "path", "threads", "batch", "seq_len", "median_s", "q1_s", "q3_s", "min_s", "max_s",
            "repeats", "seconds", "gflop", "gflops", "gemm_gflops", "fraction_of_gemm", "ratio",
            "peak_rss_rise_mb", "gemm_gflops_min", "gemm_gflops_max", "gemm_probe", "peak_gflops",
-           "limit_note"]
+           "limit_note", "graph", "max_abs", "max_value"]
 MARKDOWN = (("part", "part", ""), ("path", "path", ""), ("batch", "batch", ""), ("seq_len", "pieces", ""),
             ("median_s", "median s", ".4g"), ("min_s", "min s", ".4g"), ("max_s", "max s", ".4g"),
             ("repeats", "calls", "n"), ("gflops", "GFLOP/s", ".3g"), ("gemm_gflops", "GEMM GFLOP/s", ".3g"),
             ("fraction_of_gemm", "of GEMM", ".2f"), ("ratio", "ratio", ".3f"),
-            ("peak_rss_rise_mb", "peak RSS rise MB", ".1f"), ("limit_note", "note", ""))
+            ("peak_rss_rise_mb", "peak RSS rise MB", ".1f"), ("max_abs", "max abs vs transformers", ".2g"),
+            ("graph", "fused", ""), ("limit_note", "note", ""))
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but "
          "have an they you were her she there been one all we their has would when if so no will can more "
          "river bank water record time arrow fruit flies market price city council report school student "
@@ -135,10 +142,7 @@ def probe_run_row(probe: perf.Probe) -> dict:
 def shape_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: int, batch: int, seq_len: int,
                probe: perf.Probe, min_seconds: float, seed: int) -> list[dict]:
     session = ort_session(model_dir / manifest.ONNX_FILE, threads)
-    tokenizer = PieceTokenizer(model_dir / manifest.TOKENIZER_FILE)
-    rng = np.random.default_rng(seed)
-    vocab = int(manifest.read_config(model_dir)["vocab_size"])
-    ids = rng.integers(tokenizer.n_specials + 100, vocab, size=(batch, seq_len), dtype=np.int64)
+    ids = shape_ids(model_dir, batch, seq_len, seed)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     tensors = torch.from_numpy(ids), torch.ones(batch, seq_len, dtype=torch.int64)
     ours, theirs = (load_module(kind, model_dir, source_dir) for kind in ("encoder_study", "transformers"))
@@ -155,6 +159,41 @@ def shape_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: in
     flops = perf.encoder_flops(shape, [seq_len] * batch)
     return _part("shape", calls, threads, batch, seq_len, dict.fromkeys(calls, flops), probe, min_seconds,
                  perf.BLOCK_SECONDS)  # ONNX Runtime against PyTorch: in blocks
+
+
+def shape_ids(model_dir: Path, batch: int, seq_len: int, seed: int) -> np.ndarray:
+    """The fixed-shape parts' random piece ids (no special or low ids), seeded."""
+    tokenizer = PieceTokenizer(model_dir / manifest.TOKENIZER_FILE)
+    vocab = int(manifest.read_config(model_dir)["vocab_size"])
+    rng = np.random.default_rng(seed)
+    return rng.integers(tokenizer.n_specials + 100, vocab, size=(batch, seq_len), dtype=np.int64)
+
+
+def graphs_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: int, batch: int, seq_len: int,
+                probe: perf.Probe, min_seconds: float, seed: int, work_dir: Path) -> list[dict]:
+    """ONNX Runtime at `batch` x `seq_len` on each graph variant (onnx.fusion), in turn in blocks; and
+    each variant's largest difference from Hugging Face's model on the same ids with padded rows
+    (`max_abs`, over real tokens; `max_value` the largest value there)."""
+    graphs = fusion.variants(model_dir / manifest.ONNX_FILE, manifest.read_config(model_dir), work_dir)
+    sessions = {variant: ort_session(path, threads) for variant, (path, _) in graphs.items()}
+    ids = shape_ids(model_dir, batch, seq_len, seed)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    padded = np.ones_like(ids)
+    for i in range(1, batch):  # rows of decreasing length, down to half the sequence
+        padded[i, seq_len - i * seq_len // (2 * batch):] = 0
+    with torch.no_grad():
+        reference = load_module("transformers", model_dir, source_dir)(
+            torch.from_numpy(ids), torch.from_numpy(padded)).numpy()[padded == 1]
+    calls = {f"onnxruntime ({variant})": (lambda s=s: s.run([OUTPUT], feeds))
+             for variant, s in sessions.items()}
+    flops = perf.encoder_flops(shape, [seq_len] * batch)
+    rows = _part("graphs", calls, threads, batch, seq_len, dict.fromkeys(calls, flops), probe, min_seconds,
+                 perf.BLOCK_SECONDS)  # each session has its own threads: in blocks
+    for row, (variant, session) in zip(rows, sessions.items(), strict=True):
+        out = session.run([OUTPUT], {"input_ids": ids, "attention_mask": padded})[0][padded == 1]
+        row.update(graph=fusion.fused_text(graphs[variant][1]), max_abs=float(np.abs(out - reference).max()),
+                   max_value=float(np.abs(reference).max()))
+    return rows
 
 
 class _Recorder:
@@ -308,6 +347,9 @@ def encoders(model_dir: str | os.PathLike, source_json: str | os.PathLike, threa
     probe = perf.Probe(threads, min(perf.CALIBRATION_SECONDS, min_seconds))
     out = peak_and_gemm_rows(probe)
     out += shape_part(model_dir, source_dir, shape, threads, batch, seq_len, probe, min_seconds, seed)
+    with tempfile.TemporaryDirectory(prefix="graph-variants-") as work_dir:
+        out += graphs_part(model_dir, source_dir, shape, threads, batch, seq_len, probe, min_seconds, seed,
+                           Path(work_dir))
     out += frozen_part(model_dir, shape, sentences, threads, probe, min_seconds)
     out += step_part(model_dir, source_dir, shape, threads, rows, length, docs, seed, probe, min_seconds)
     out += words_part(model_dir, sentences, threads, probe, min_seconds)
