@@ -8,10 +8,9 @@ bytes. With `appended` (an `Appendix`: nodes, graph inputs and outputs, and floa
 declared by name and shape whose values come with the replacements), those fields are added, each
 after the source's last field of its kind, and nothing else changes: the tagging head a written
 pipeline graph carries (`tagging.graph`) is appended so. `StreamedGraph(path)` reads the same index
-without writing: the graph's `names.Layout` (what
-names the weights, see `onnx.names`) and single initializers' values, so that a graph larger than
-memory can be named (encoder_study.writeback.module_weights_to_graph gives the replacements for a
-trainable encoder).
+without writing: the graph's `names.Layout` (what names the weights, see `onnx.names`) and single
+initializers' values, so that a graph larger than memory can be named
+(encoder_study.writeback.module_weights_to_graph gives the replacements for a trainable encoder).
 
 The reader trusts nothing: every length is checked against the bytes left in its parent before it is
 read, names are at most 4 KiB, a node larger than 64 KiB is copied without being parsed, and a message
