@@ -58,6 +58,14 @@ def test_every_part_and_its_rates(tiny_exports, models_dir, tmp_path):
         3 * by_path["onnxruntime (exported graph)"]["gflop"] * (3 * 16) / (2 * 16))
     assert all(by_path[f"{kind}, forward + backward"]["peak_rss_rise_mb"] > 0
                for kind in ("encoder_study", "transformers"))
+    # the summary a closing note reads: the frozen overhead, each graph variant, the peak, the probe's spread
+    lines = benchmarks.summary(rows)
+    overhead = f"{by_path['FrozenEncoder']['ratio'] - 1:+.1%}"
+    assert lines[0].startswith(f"frozen encoder: {overhead} over a bare session")
+    assert [line.split(":")[0] for line in lines[1:1 + len(fusion.VARIANTS)]] == [
+        f"onnxruntime at 2 x 16, ({variant})" for variant in fusion.VARIANTS]
+    assert any("of the theoretical peak" in line for line in lines)
+    assert any(line.startswith(f"the probe ({run['gemm_probe']}) across the run") for line in lines)
     # the Markdown renders rows that leave columns out (the GEMM row has no peak memory)
     text = benchmarks.markdown(rows)
     assert text.count("\n") == len(rows) + 2 and "| gemm |" in text and "| peak |" in text
@@ -72,4 +80,5 @@ def test_the_command_writes_the_table_and_its_fragment(tiny_exports, models_dir,
         "--out", str(out), "--provenance", str(tmp_path / "prov" / "benchmarks_encoders.md")])
     assert args.run(args) == 0
     assert list(tables.read_csv(out)[0]) == benchmarks.COLUMNS
-    assert out.with_suffix(".md").is_file() and (tmp_path / "prov" / "benchmarks_encoders.md").is_file()
+    assert "\n## Summary\n\n- frozen encoder: " in out.with_suffix(".md").read_text()
+    assert (tmp_path / "prov" / "benchmarks_encoders.md").is_file()

@@ -356,20 +356,31 @@ def encoders(model_dir: str | os.PathLike, source_json: str | os.PathLike, threa
     return [*out, probe_run_row(probe)]
 
 
-def notes(rows: list[dict]) -> list[str]:
-    """The limit in words, for the fragment: the peak against the measured best, the probe's spread
-    across the run, and every fraction above 1 with its cause."""
+def summary(rows: list[dict]) -> list[str]:
+    """What a closing note reads off the table, one line each: the frozen encoder's overhead, ONNX Runtime
+    per graph variant, the measured best against the theoretical peak, the probe's spread across the
+    run, and every fraction above 1 with its cause."""
     peak, run = rows[0], rows[-1]
-    out = [f"theoretical peak {peak['path'].removeprefix('theoretical: ')}; the measured best (the probe's "
-           f"calibration, {peak['gemm_gflops']:.1f} GFLOP/s) is {peak['ratio']:.2f} of it",
-           f"the probe ({run['gemm_probe']}) across the run: median {run['gemm_gflops']:.1f} GFLOP/s, "
-           f"range {run['gemm_gflops_min']:.1f}-{run['gemm_gflops_max']:.1f} over {run['repeats']} calls; "
-           "per part: " + ", ".join(f"{part} {rate:.1f}" for part, rate in
-                                    {r["part"]: r["gemm_gflops"] for r in rows[1:-1]
-                                     if r["part"] != "gemm"}.items())]
+    by_path = {(r["part"], r["path"]): r for r in rows}
+    frozen, bare = (by_path[("frozen", p)] for p in ("FrozenEncoder", "bare session.run, same batches"))
+    own = by_path[("frozen", "FrozenEncoder own work (outputs replayed)")]
+    out = [f"frozen encoder: {frozen['ratio'] - 1:+.1%} over a bare session on the same batches "
+           f"({frozen['median_s'] * 1e3:.1f} ms against {bare['median_s'] * 1e3:.1f} ms; its own work with "
+           f"the outputs replayed {own['median_s'] * 1e3:.1f} ms)"]
+    out += [f"onnxruntime at {r['batch']} x {r['seq_len']}, {r['path'].removeprefix('onnxruntime ')}: "
+            f"{r['median_s'] * 1e3:.1f} ms, {r['gflops']:.1f} GFLOP/s, {r['fraction_of_gemm']:.2f} of GEMM, "
+            f"{r['ratio']:.3f} of the exported graph's time; max_abs {r['max_abs']:.2g} against "
+            f"transformers; fused: {r['graph']}" for r in rows if r["part"] == "graphs"]
+    out.append(f"measured best {peak['gemm_gflops']:.1f} GFLOP/s (the probe's calibration) = "
+               f"{peak['ratio']:.2f} of the theoretical peak {peak['path'].removeprefix('theoretical: ')}")
     if peak["ratio"] and peak["ratio"] > 1:
         out.append("the measured best is above the theoretical peak: the clock read is below the clock the "
                    "cores ran at (boost), or the rule's units or lanes undercount this CPU")
+    parts = {r["part"]: r["gemm_gflops"] for r in rows[1:-1] if r["part"] not in ("gemm", "peak")}
+    out.append(f"the probe ({run['gemm_probe']}) across the run: median {run['gemm_gflops']:.1f} GFLOP/s, "
+               f"range {run['gemm_gflops_min']:.1f}-{run['gemm_gflops_max']:.1f} over {run['repeats']} "
+               "calls; median beside each part: "
+               + ", ".join(f"{part} {rate:.1f}" for part, rate in parts.items()))
     out += [f"{r['part']}, {r['path']}: {r['fraction_of_gemm']:.2f} of GEMM, {r['limit_note']}"
             for r in rows if r.get("limit_note")]
     return out

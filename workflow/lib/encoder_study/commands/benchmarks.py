@@ -29,15 +29,18 @@ def encoders(args) -> int:
                                    args.length, args.docs, args.seed, args.min_seconds)
         files.write_text(out, csv_text(rows, benchmarks.COLUMNS))
         markdown = benchmarks.markdown(rows)
-        files.write_text(markdown_path, markdown)
+        summary = benchmarks.summary(rows)
+        files.write_text(markdown_path,
+                         markdown + "\n## Summary\n\n" + "".join(f"- {line}\n" for line in summary))
         frag.outputs += [out, markdown_path]
         frag.table("Encoder benchmarks", markdown)
         frag.note(f"{threads} thread(s); every cell the median of at least {args.min_seconds:g} s of calls, "
                   f"the paths of a part taking turns; load average (1, 5, 15 min) before: {before}, after: "
                   f"{machine.load_average()}. Timings are this machine's; each row reads its rate against "
                   "the GEMM probe measured beside it (gemm_gflops).")
-        for note in benchmarks.notes(rows):
-            frag.note(note)
+        for line in summary:
+            frag.note(line)
+            print(f"benchmarks: {line}")
     return 0
 
 
