@@ -161,10 +161,13 @@ def test_every_file_of_every_fragment_is_listed_with_its_sha256(run_dir):
             assert entity["contentSize"] == str(entry["bytes"])
             side = "result" if entry["role"] == "output" else "object"
             assert entry["path"] in crate.ids_of(job[side])
-        # The fragment itself (Markdown and twin) is part of the crate, hashed as it is now.
-        for part in (fragment, provenance.twin(fragment).as_posix()):
+        # The fragment itself (Markdown and twin) is part of the crate, hashed as it is now, and so is
+        # the complete environment file it names.
+        environment = record["environment"]["path"]
+        for part in (fragment, provenance.twin(fragment).as_posix(), environment):
             assert part in crate.ids_of(job["subjectOf"])
             assert listed[part]["sha256"] == files.sha256_file(part)
+        assert listed[environment]["sha256"] == record["environment"]["sha256"]
     # A job that wrote nothing but its fragment (a check) has the fragment as its result.
     check = entities[crate.local_id("job", "demo/demo_check")]
     assert sorted(crate.ids_of(check["result"])) == ["provenance/demo/demo_check.json",
@@ -289,6 +292,13 @@ def test_a_missing_twin_and_a_stale_fragment_are_refused(run_dir):
          ["encoder-study", "demo", "make", "--name", "a"])
     # demo_table read the old words.txt: its fragment and the new one disagree on the file.
     with pytest.raises(crate.CrateError, match=r"results/a/words.txt with sha256 .* one fragment is stale"):
+        _build()
+
+
+def test_an_environment_file_other_than_its_fragment_names_is_refused(run_dir):
+    environment = Path(provenance.read_record(provenance.twin(FRAGMENTS[0]))["environment"]["path"])
+    environment.write_text(environment.read_text().replace('"distributions"', '"distributions" ', 1))
+    with pytest.raises(crate.CrateError, match=r"names the environment file .* rerun the rule"):
         _build()
 
 

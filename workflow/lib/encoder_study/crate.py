@@ -412,6 +412,7 @@ class _Graph:
         outputs = [self.file_ids[e["path"]] for e in record["files"] if e["role"] == "output"]
         described = [self.add_current(twin, f"Provenance fragment of {name} (JSON)"),
                      self.add_current(provenance.twin(twin), f"Provenance fragment of {name}")]
+        environment = self.add_environment(twin, record)
         usage = self.add({"@id": local_id("seconds", name), "@type": "PropertyValue",
                           "propertyID": "wallclock", "name": "wall-clock seconds", "value": record["seconds"],
                           "unitCode": "SEC"})
@@ -420,7 +421,8 @@ class _Graph:
                               f"encoder-study {record['version']}, {record['threads'] or 'default'} "
                               f"threads, on {record['machine'].get('cpu', 'unknown CPU')})",
                "instrument": ref(tool_id), "agent": ref(self.agent), "startTime": record["started"],
-               "endTime": record["finished"], "actionStatus": COMPLETED, "subjectOf": refs(described),
+               "endTime": record["finished"], "actionStatus": COMPLETED,
+               "subjectOf": refs(described + environment),
                "resourceUsage": ref(usage),
                # A job that writes nothing but its fragment (a check) made that record.
                "result": refs(outputs or described)}
@@ -432,6 +434,20 @@ class _Graph:
                             "instrument": ref(local_id("step", rule)), "object": ref(job_id),
                             "actionStatus": COMPLETED})
         return job_id, control
+
+    def add_environment(self, twin: Path, record: dict) -> list[str]:
+        """The complete environment file a fragment names (every installed distribution), as the
+        fragment records it; none for a twin written before environment files existed."""
+        entry = record.get("environment")
+        if not isinstance(entry, dict) or not entry.get("path"):
+            return []
+        entity_id = self.add_current(self.base / entry["path"], "Complete environment of the jobs that "
+                                     "name it: Python and every installed distribution")
+        if self.entities[entity_id]["sha256"] != entry.get("sha256"):
+            raise CrateError(f"{twin} names the environment file {entry['path']} with sha256 "
+                             f"{entry.get('sha256')}, but it is now {self.entities[entity_id]['sha256']}; "
+                             "rerun the rule that wrote the fragment")
+        return [entity_id]
 
     def add_snakemake(self, all_records: list[dict]) -> tuple[str, list[str]]:
         """(language, engines) ids: Snakemake as the workflow's language and as the run's engine, in
