@@ -98,7 +98,9 @@ def copy_workflow(target: Path, *extra: str) -> Path:
     """A copy of the workflow in `target` (its code, configs and profiles, no results), for a run that
     must leave the repository alone; `extra`: more paths of the repository to copy."""
     target.mkdir(parents=True, exist_ok=True)
-    for part in ("Snakefile", "config", "workflow", "profiles", "envs", "CITATION.cff", "LICENSE", *extra):
+    # README.md: the run crate describes it (rule provenance_crate reads it).
+    parts = ("Snakefile", "config", "workflow", "profiles", "envs", "CITATION.cff", "LICENSE", "README.md")
+    for part in (*parts, *extra):
         source = ROOT / part
         if source.is_dir():
             shutil.copytree(source, target / part, ignore=shutil.ignore_patterns("__pycache__"))
