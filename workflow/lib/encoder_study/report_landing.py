@@ -96,10 +96,12 @@ def what_ran(run: report_facts.Run, texts: int | None) -> str:
     if distill is not None:
         teacher = PurePosixPath(str(distill["settings"].get("teacher_dir", "?"))).name
         parts.append(f"distils a {report_facts.student_name(run)} from {teacher}")
-    trained = run.all("tagging_train")
-    if trained:
-        parts.append(f"tags UPOS with {len(trained)} frozen and fine-tuned runs beside a most-frequent-tag "
-                     "baseline, with sentence-level bootstrap intervals")
+    modes = [s.get("mode") for s in run.settings("tagging_train")] + ["spaCy"] * len(run.all("tagging_spacy"))
+    if modes:
+        words = {"finetuned": "fine-tuned"}
+        kinds = ", ".join(f"{modes.count(m)} {words.get(m, m)}" for m in sorted(set(modes), key=str))
+        parts.append(f"tags UPOS with {len(modes)} runs ({kinds}) and a most-frequent-tag baseline, each "
+                     "score with a sentence-level bootstrap interval")
     if run.all("writeback_pipeline"):
         parts.append("writes the fine-tuned weights back into ONNX graphs")
     if run.all("retrieval_export"):
