@@ -66,14 +66,17 @@ def test_spread():
 def test_the_probe_keeps_the_fastest_candidate_and_takes_turns():
     candidates = [perf.Gemm("torch.mm", 64, 64, 64), perf.Gemm("onnxruntime MatMul", 96, 64, 32)]
     probe = perf.Probe(1, calibration_seconds=0.0, candidates=candidates)
-    rates = {g: g.flops / s.median / 1e9 for g, s in probe.calibration.items()}
+    # a sample: as many products as take about PROBE_SECONDS, timed together
+    assert all(r >= 1 for r in probe.repeats.values()) and max(probe.repeats.values()) > 1
+    assert probe.sample_flops(candidates[1]) == 2 * 96 * 64 * 32 * probe.repeats[candidates[1]]
+    rates = {g: probe.sample_flops(g) / s.median / 1e9 for g, s in probe.calibration.items()}
     assert set(rates) == set(candidates) and probe.gemm == max(rates, key=rates.get)
     assert all(0.01 < r < 1e5 for r in rates.values())  # GFLOP/s: a real CPU, not a unit slip by 1e9
     times = perf.measure({"x": lambda: None}, min_seconds=0.0, min_repeats=3, warmup=0, probe=probe)
-    assert len(times[perf.PROBE]) == 3 * perf.PROBE_CALLS == len(probe.turns)  # one turn a round
+    assert len(times[perf.PROBE]) == 3 == len(probe.turns)  # one sample a round
     limit = probe.limit(times)
     assert limit.gflops_min <= limit.gflops <= limit.gflops_max and limit.gemm == probe.gemm.name
-    assert limit.gflops == pytest.approx(probe.gemm.flops / 1e9 / statistics.median(times[perf.PROBE]))
+    assert limit.gflops == pytest.approx(probe.sample_flops() / 1e9 / statistics.median(times[perf.PROBE]))
     assert probe.rate(times) == limit.gflops and probe.run_limit().gflops == limit.gflops
     assert any("theoretical float32 peak" in note for note in probe.notes())
     assert perf.rates(2e9, 0.5, 8.0) == {"gflops": 4.0, "fraction_of_gemm": 0.5}

@@ -5,8 +5,9 @@ One table, results/benchmarks/encoders.csv, one row per timed path, in these par
     peak      the theoretical float32 peak at the job's threads, its inputs in the path (machine.fp32_peak);
               ratio: the measured best (the probe's calibration) over it
     gemm      the GEMM probe's candidates (perf.Probe: ONNX Runtime's MatMul and torch.mm at several
-              shapes), as timed when the probe picked the fastest, each against that fastest; last, the
-              probe across the whole job (every probe turn beside every part): its spread over the run
+              shapes), as timed when the probe picked the fastest, each against that fastest (seconds per
+              sample: as many products as take perf.PROBE_SECONDS); last, the probe across the whole job
+              (every probe sample beside every part): its spread over the run
     shape     one batch of `batch` x `seq_len` random pieces, no padding: ONNX Runtime on the exported
               graph, our trainable modules' forward pass and Hugging Face's (eager attention), both
               without autograd. fraction_of_gemm is the question "how close to the machine's matmul rate
@@ -124,10 +125,10 @@ def peak_and_gemm_rows(probe: perf.Probe) -> list[dict]:
              "gflops": peak["gflops"], "peak_gflops": peak["gflops"], "gemm_gflops": best,
              "ratio": best / peak["gflops"] if peak["gflops"] else None}]
     limit = perf.Limit(probe.gemm.name, best, best, best, best, peak["gflops"])
-    for gemm, spread in probe.calibration.items():
+    for gemm, spread in probe.calibration.items():  # seconds per sample of probe.repeats[gemm] products
         chosen = " (the probe)" if gemm == probe.gemm else ""
-        rows.append(_row("gemm", gemm.name + chosen, probe.threads, None, None, spread, gemm.flops, limit,
-                         probe.calibration[probe.gemm].median))
+        rows.append(_row("gemm", gemm.name + chosen, probe.threads, None, None, spread,
+                         probe.sample_flops(gemm), limit, probe.calibration[probe.gemm].median))
     return rows
 
 
@@ -136,7 +137,7 @@ def probe_run_row(probe: perf.Probe) -> dict:
     run = probe.run_limit()
     spread = perf.Spread.of(probe.turns)
     return {**_row("gemm", f"{probe.gemm.name}: the probe across the run", probe.threads, None, None, spread,
-                   probe.gemm.flops, run, spread.median), "limit_note": ""}
+                   probe.sample_flops(), run, spread.median), "limit_note": ""}
 
 
 def shape_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: int, batch: int, seq_len: int,

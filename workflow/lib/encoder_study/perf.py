@@ -38,6 +38,7 @@ thread pools of their own take turns in blocks (`block_seconds`), each after an 
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -52,7 +53,7 @@ PROBE = "gemm probe"  # measure's key for the probe's per-call seconds
 GEMM_SHAPES = ((512, 512, 512), (1024, 1024, 1024), (1024, 512, 2048))
 GEMM_IMPLEMENTATIONS = ("onnxruntime MatMul", "torch.mm")
 CALIBRATION_SECONDS = 0.1  # of each candidate, when a probe picks the fastest
-PROBE_CALLS = 2  # timed calls of a probe turn, after its untimed one
+PROBE_SECONDS = 0.02  # one probe sample: as many products as take this long, timed together (Probe)
 DRIFT = 0.9  # a probe beside a cell below this share of its calibration rate: the load changed
 
 
@@ -256,32 +257,40 @@ class Limit:
 
 
 class Probe:
-    """The machine's float32 limit at `threads` threads (see the module's docstring)."""
+    """The machine's float32 limit at `threads` threads (see the module's docstring).
+
+    A probe sample is as many products as take PROBE_SECONDS, timed together: on a shared machine a
+    single short product often runs within one time slice of the scheduler and so misses the load that
+    the longer timed calls beside it meet."""
 
     def __init__(self, threads: int, calibration_seconds: float = CALIBRATION_SECONDS,
                  candidates: Sequence[Gemm] | None = None):
         self.threads = machine.usable_threads(threads)
         candidates = list(candidates or gemm_candidates())
-        calls = {g.name: g.call(self.threads) for g in candidates}
-        # each turn one untimed call: the implementations have thread pools of their own
-        times = measure(calls, calibration_seconds, min_repeats=2, warmup=0, block_seconds=1e-9)
+        products = {g: g.call(self.threads) for g in candidates}
+        self.repeats = {g: _repeats(products[g]) for g in candidates}  # products per sample
+        samples = {g.name: _sample(products[g], self.repeats[g]) for g in candidates}
+        # each turn one untimed sample: the implementations have thread pools of their own
+        times = measure(samples, calibration_seconds, min_repeats=2, warmup=0, block_seconds=1e-9)
         self.calibration = {g: Spread.of(times[g.name]) for g in candidates}
-        self.gemm = max(candidates, key=lambda g: g.flops / self.calibration[g].median)
-        self.calibration_gflops = self.gemm.flops / self.calibration[self.gemm].median / 1e9
-        self._call = calls[self.gemm.name]
+        self.gemm = max(candidates, key=lambda g: self.sample_flops(g) / self.calibration[g].median)
+        self.calibration_gflops = self.sample_flops() / self.calibration[self.gemm].median / 1e9
+        self._product, self._sample = products[self.gemm], samples[self.gemm.name]
         self.peak = machine.fp32_peak(self.threads)
-        self.turns: list[float] = []  # every timed probe call since: the probe's spread across the run
+        self.turns: list[float] = []  # every timed sample since: the probe's spread across the run
+
+    def sample_flops(self, gemm: Gemm | None = None) -> float:
+        """The floating-point operations of one sample of `gemm` (the probe's product if None)."""
+        gemm = gemm or self.gemm
+        return gemm.flops * self.repeats[gemm]
 
     def turn(self) -> list[float]:
-        """One untimed call (the previous work's threads wind down), then PROBE_CALLS timed ones."""
-        self._call()
-        out = []
-        for _ in range(PROBE_CALLS):
-            start = time.perf_counter()
-            self._call()
-            out.append(time.perf_counter() - start)
-        self.turns += out
-        return out
+        """One untimed product (the previous work's threads wind down), then one timed sample."""
+        self._product()
+        start = time.perf_counter()
+        self._sample()
+        self.turns.append(time.perf_counter() - start)
+        return self.turns[-1:]
 
     def limit(self, times: Mapping[str, Sequence[float]] | Sequence[float]) -> Limit:
         """The limit from a `measure(..., probe=self)` result (or the probe's seconds themselves)."""
@@ -289,7 +298,7 @@ class Probe:
         if not seconds:
             raise ValueError("no probe calls: pass probe= to measure")
         spread = Spread.of(seconds)
-        rate = self.gemm.flops / 1e9
+        rate = self.sample_flops() / 1e9
         return Limit(self.gemm.name, rate / spread.median, rate / spread.max, rate / spread.min,
                      self.calibration_gflops, self.peak["gflops"])
 
@@ -298,26 +307,42 @@ class Probe:
         return self.limit(times).gflops
 
     def run_limit(self) -> Limit:
-        """The limit over every probe call so far: its spread across the run."""
+        """The limit over every probe sample so far: its spread across the run."""
         return self.limit(self.turns)
 
     def notes(self) -> list[str]:
         """The probe, its calibration and the peak, for a fragment."""
-        best = self.gemm.flops / self.calibration[self.gemm].median / 1e9
-        tried = "; ".join(f"{g.name} {g.flops / s.median / 1e9:.1f}" for g, s in self.calibration.items())
+        best = self.calibration_gflops
+        tried = "; ".join(f"{g.name} {self.sample_flops(g) / s.median / 1e9:.1f}"
+                          for g, s in self.calibration.items())
         out = [f"GEMM probe at {self.threads} thread(s): {self.gemm.name}, the fastest of {tried} GFLOP/s "
                "(calibration medians)",
                f"theoretical float32 peak: {machine.peak_text(self.peak)}"]
         if self.turns:
             run = self.run_limit()
             out.append(f"the probe across the job: median {run.gflops:.1f} GFLOP/s, range "
-                       f"{run.gflops_min:.1f}-{run.gflops_max:.1f} over {len(self.turns)} calls beside the "
-                       "timed work")
+                       f"{run.gflops_min:.1f}-{run.gflops_max:.1f} over {len(self.turns)} samples of "
+                       f"{self.repeats[self.gemm]} products beside the timed work")
         if best > self.peak["gflops"]:
             out.append(f"the measured best ({best:.1f} GFLOP/s) is above the theoretical peak: the clock "
                        f"read ({self.peak['clock_source']}, {self.peak['ghz']:.3f} GHz) is below the clock "
                        "the cores ran at (boost), or the rule's units or lanes undercount this CPU")
         return out
+
+
+def _repeats(product: Callable[[], object]) -> int:
+    """How many calls of `product` take about PROBE_SECONDS (timed once, after a warm-up call)."""
+    product()
+    start = time.perf_counter()
+    product()
+    return max(1, math.ceil(PROBE_SECONDS / max(time.perf_counter() - start, 1e-9)))
+
+
+def _sample(product: Callable[[], object], repeats: int) -> Callable[[], None]:
+    def sample() -> None:
+        for _ in range(repeats):
+            product()
+    return sample
 
 
 def rates(flops: float, seconds: float, gemm_gflops: float) -> dict:
