@@ -383,8 +383,9 @@ def test_batches_are_sorted_padded_and_do_not_change_results(tiny_exports, name)
 
 def serial_reference(encoder: FrozenEncoder, session, docs: list[Doc]) -> list[np.ndarray]:
     """What a plain serial loop computes: every window of every document, longest first (ties in call
-    order), `batch_size` at a time, each batch padded and run by `session`, then each document pooled
-    alone. The frozen encoder runs the same batches in a worker thread and pools as documents finish."""
+    order), `batch_size` at a time, each batch padded and run by `session`, every piece read through its
+    owner mask, then each document pooled alone. The frozen encoder groups runs, copies single windows
+    whole and pools all documents at once: the same bytes."""
     prepared = encoder.tokenizer.prepare_many(docs, encoder.max_length)
     jobs = sorted(((d, k) for d, p in enumerate(prepared) for k in range(len(p.windows))),
                   key=lambda job: -len(prepared[job[0]].inputs[job[1]]))
@@ -400,7 +401,7 @@ def serial_reference(encoder: FrozenEncoder, session, docs: list[Doc]) -> list[n
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_the_pipelined_encoder_gives_the_serial_loop_s_bytes(tiny_exports, name):
+def test_the_encoder_gives_a_plain_loop_s_bytes(tiny_exports, name):
     docs = [*DOCS, Doc.from_words(long_text(4).split()), SPLIT_DOC, Doc.from_words(["\u200b"]), *DOCS[:2]]
     for pooling in ("mean", "first"):
         encoder = FrozenEncoder(tiny_exports[name], pooling=pooling, max_length=24, batch_size=3)
@@ -430,7 +431,7 @@ def test_a_failed_run_is_raised_and_the_encoder_stays_usable(tiny_exports):
     encoder.session = Fails()
     with pytest.raises(RuntimeError, match="the second batch fails"):
         encoder(DOCS)
-    assert Fails.calls == 2  # the worker stopped at the failure
+    assert Fails.calls == 2  # nothing ran after the failure
     encoder.session = session
     for got, alone in zip(encoder(DOCS), [FrozenEncoder(tiny_exports["bert-tiny"], max_length=16)([d])[0]
                                           for d in DOCS], strict=True):

@@ -11,8 +11,6 @@ head trained for many epochs over the same documents runs the transformer once p
 from __future__ import annotations
 
 import os
-import queue
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,15 +19,9 @@ import numpy as np
 from . import machine, manifest, runtime
 from .errors import UserError
 from .runtime import INPUTS, OPTIMIZATIONS, OUTPUT, usable_positions
-from .tokens import (
-    Doc,
-    DocPieces,
-    PieceTokenizer,
-    check_pooling,
-    cut_windows,
-    join_word_pieces,
-    word_pieces_many,
-)
+from .tokens import Doc, DocPieces, PieceTokenizer, check_pooling, join_word_pieces
+
+RUNS_AT_ONCE = 16  # batches run back to back before their outputs are read (see _run)
 
 
 class EncoderError(UserError):
@@ -152,100 +144,41 @@ class FrozenEncoder:
                 raise TypeError(f"FrozenEncoder takes encoder_study.tokens.Doc, got {type(doc).__name__}")
         todo = list(dict.fromkeys(doc for doc in docs if doc not in self._cache))  # equal documents run once
         if todo:
-            self._run(todo)
+            self._run(todo, self.tokenizer.prepare_many(todo, self.max_length))
         return [self._cache[doc].copy() for doc in docs]  # copies: callers cannot alter the cache
 
-    def _run(self, docs: list[Doc]) -> None:
-        """Run every window of `docs` and cache each document's word vectors.
-
-        Only what the batches need comes before the first run: the texts' pieces (the Rust tokenizer, in
-        parallel) and each document's windows. A worker thread then runs the batches back to back
-        (ONNX Runtime releases the GIL), while this thread maps words to pieces, places each batch's
-        output and pools every document whose windows have all run. The batches are those a serial loop
-        makes (all windows, longest first, `batch_size` at a time), so the vectors are the same bytes.
-        """
-        size = self.tokenizer.window_size(self.max_length)
-        encoded = self.tokenizer.encode_many([doc.text for doc in docs])
-        windows = [cut_windows(len(ids), size) for ids, _ in encoded]
-        jobs = [(d, k) for d, w in enumerate(windows) for k in range(len(w))]
-        jobs.sort(key=lambda job: -_span(windows[job[0]][job[1]]))  # stable: ties keep call order
+    def _run(self, docs: list[Doc], prepared: list[DocPieces]) -> None:
+        # The piece vectors of all documents, one after another.
+        piece_start = np.cumsum([0] + [len(p) for p in prepared])
+        hidden = np.zeros((int(piece_start[-1]), self.width), np.float32)
+        jobs = [(d, k) for d, p in enumerate(prepared) for k in range(len(p.windows))]
+        jobs.sort(key=lambda job: -len(prepared[job[0]].inputs[job[1]]))  # stable: ties keep call order
         batches = [jobs[b:b + self.batch_size] for b in range(0, len(jobs), self.batch_size)]
-        inputs = [[self.tokenizer.wrap(encoded[d][0][slice(*windows[d][k])]) for d, k in batch]
-                  for batch in batches]
-        with _Runner(self._forward, inputs) as outputs:
-            prepared = [self.tokenizer._assemble(ids, offsets, words, size) for (ids, offsets), words in
-                        zip(encoded, word_pieces_many([o for _, o in encoded], [doc.words for doc in docs]),
-                            strict=True)]
-            piece_start = np.cumsum([0] + [len(p) for p in prepared])
-            hidden = np.zeros((int(piece_start[-1]), self.width), np.float32)
-            left = [len(w) for w in windows]  # windows of each document still to come
-            self._pool([d for d in range(len(docs)) if not left[d]], docs, prepared, piece_start, hidden)
-            for batch in batches:
-                out = outputs.next()
-                self.windows_run += len(batch)
+        lead = len(self.tokenizer.prefix)
+        # Runs go back to back, RUNS_AT_ONCE batches before any output is read: our work between runs
+        # let ONNX Runtime's threads spin down and pay to wake up (the overhead over a bare session
+        # fell by about a third; measured: CHANGELOG.md); the cap bounds memory. Our work cannot hide
+        # beside the runs instead: they keep every core busy (measured: CHANGELOG.md).
+        for g in range(0, len(batches), RUNS_AT_ONCE):
+            group = batches[g:g + RUNS_AT_ONCE]
+            outs = [self._forward([prepared[d].inputs[k] for d, k in batch]) for batch in group]
+            for batch, out in zip(group, outs, strict=True):
                 for i, (d, k) in enumerate(batch):
                     pieces = prepared[d]
+                    if len(pieces.windows) == 1:  # the usual case: the window's rows in order, one copy
+                        hidden[piece_start[d]:piece_start[d + 1]] = out[i, lead:lead + len(pieces)]
+                        continue
                     mine = np.flatnonzero(pieces.owner == k)
                     hidden[piece_start[d] + mine] = out[i, pieces.row[mine]]
-                    left[d] -= 1
-                self._pool([d for d in dict.fromkeys(d for d, _ in batch) if not left[d]], docs, prepared,
-                           piece_start, hidden)
-
-    def _pool(self, done: list[int], docs: list[Doc], prepared: list[DocPieces], piece_start: np.ndarray,
-              hidden: np.ndarray) -> None:
-        """Pool the documents `done` (all their windows placed) together and cache their vectors: a word's
-        vector depends on its own pieces only, so pooling them in any grouping gives the same bytes."""
-        if not done:
-            return
-        vectors = join_word_pieces([prepared[d].words for d in done],
-                                   [int(piece_start[d]) for d in done]).pool(hidden, self.pooling)
-        start = 0
-        for d in done:
-            n = prepared[d].words.n_words
-            self._cache[docs[d]] = vectors[start:start + n]
-            start += n
+        # Pool all documents at once, then hand each its rows.
+        vectors = join_word_pieces([p.words for p in prepared], piece_start[:-1]).pool(hidden, self.pooling)
+        word_start = np.cumsum([0] + [p.words.n_words for p in prepared]).tolist()
+        for d, doc in enumerate(docs):
+            self._cache[doc] = vectors[word_start[d]:word_start[d + 1]]
 
     def _forward(self, sequences: list[np.ndarray]) -> np.ndarray:
         """Right-pad the sequences to the longest and run them as one batch."""
         input_ids, mask = runtime.pad_batch(sequences, self.pad_id)
         out = self.session.run([OUTPUT], {"input_ids": input_ids, "attention_mask": mask})[0]
+        self.windows_run += len(sequences)
         return np.asarray(out, dtype=np.float32)
-
-
-def _span(window: tuple[int, int]) -> int:
-    return window[1] - window[0]
-
-
-class _Runner:
-    """Runs `forward` on each batch of `inputs` in order, in a worker thread; `next()` gives the next
-    output, re-raising what the worker raised. Leaving the block stops the worker after its current run
-    (when the caller gave up early) and waits for it."""
-
-    def __init__(self, forward, inputs: list):
-        self.forward, self.inputs = forward, inputs
-        self.results: queue.Queue = queue.Queue()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._work, name="frozen-encoder-runs", daemon=True)
-
-    def _work(self) -> None:
-        try:
-            for batch in self.inputs:
-                if self.stop.is_set():
-                    return
-                self.results.put((True, self.forward(batch)))
-        except BaseException as err:  # handed to the caller's thread, which raises it
-            self.results.put((False, err))
-
-    def next(self) -> np.ndarray:
-        ok, value = self.results.get()
-        if not ok:
-            raise value
-        return value
-
-    def __enter__(self) -> _Runner:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()

@@ -275,7 +275,7 @@ class Probe:
         self.calibration = {g: Spread.of(times[g.name]) for g in candidates}
         self.gemm = max(candidates, key=lambda g: self.sample_flops(g) / self.calibration[g].median)
         self.calibration_gflops = self.sample_flops() / self.calibration[self.gemm].median / 1e9
-        self._product, self._sample = products[self.gemm], samples[self.gemm.name]
+        self._sample = samples[self.gemm.name]
         self.peak = machine.fp32_peak(self.threads)
         self.turns: list[float] = []  # every timed sample since: the probe's spread across the run
 
@@ -285,8 +285,10 @@ class Probe:
         return gemm.flops * self.repeats[gemm]
 
     def turn(self) -> list[float]:
-        """One untimed product (the previous work's threads wind down), then one timed sample."""
-        self._product()
+        """One untimed sample, then one timed sample. The untimed one lets the threads of the work timed
+        before wind down: ONNX Runtime's keep spinning for milliseconds after a run and, on a machine
+        with as many cores as threads, would share the cores with the probe (measured: CHANGELOG.md)."""
+        self._sample()
         start = time.perf_counter()
         self._sample()
         self.turns.append(time.perf_counter() - start)
