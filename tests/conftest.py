@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,6 +116,86 @@ def snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
     return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=env,
                           capture_output=True, text=True)
+
+
+# The one real run of the workflow that the end-to-end tests share: tests/test_workflow.py reads it and
+# tests/test_slurm.py compares a cluster run of some of its targets with it. One tiny model, a tiny
+# treebank and student, every recipe. Timed cells of 0.01 s: the timing tables are read, their numbers
+# are not. Latency at 1 thread and these resources: the slurm test's node must fit its jobs, and it
+# recognises the resources in them.
+SMALL_CONFIG = """\
+models:
+  - {name: bert-tiny, source: tiny, architecture: config/models/bert-tiny.json, seed: 0}
+texts: {tatoeba: config/texts/tatoeba_sample.tsv, udhr: config/texts/udhr_sample, tatoeba_count: 12,
+        udhr_count: 4}
+parity: {latency_runs: 2, latency_warmup: 1, latency_threads: 1, latency_batches: [1]}
+timing: {min_seconds: 0.01}
+treebank: {sizes: {train: 60, dev: 20, test: 20}}
+tagging:
+  runs: [{name: tiny-frozen, model: bert-tiny, mode: frozen, epochs: 2},
+         {name: student-tuned, model: student, mode: finetuned, max_steps: 2, warmup: 1, eval_every: 1}]
+  comparisons: [[tiny-frozen, baseline]]
+  resamples: 200
+  step_time: {models: [bert-tiny], batch: 2, length: 8}
+writeback: {speed_sentences: 8, speed_repeats: 1}
+student:
+  teacher: bert-tiny
+  architecture: {layers: 2, width: 32, heads: 2, intermediate: 64, embedding_width: 8}
+  training: {steps: 4, batch_windows: 4, window_lengths: [16], chunk_steps: 2, log_every: 2, stats_windows: 4}
+resources:
+  default: {mem_mb: 1234, runtime: 56}
+  tagging_treebank: {mem_mb: 1300, runtime: 57}
+"""
+
+
+def small_copy(target: Path) -> Path:
+    """A copy of the workflow whose config is SMALL_CONFIG."""
+    copy_workflow(target)
+    (target / "config" / "config.yaml").write_text(SMALL_CONFIG)
+    return target
+
+
+@pytest.fixture(scope="session")
+def small_workflow(tmp_path_factory) -> Path:
+    """small_copy run once to completion: `snakemake --cores 2 all`."""
+    copy = small_copy(tmp_path_factory.mktemp("workflow"))
+    result = snakemake("--cores", "2", "all", cwd=copy)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return copy
+
+
+# Several Snakemake command lines in one Python process, one after the other, each printing into its own
+# buffers: what `snakemake ARGS` prints for each, without starting Python and importing Snakemake again
+# (most of the time of a dry run that a config guard stops).
+_EACH = """
+import contextlib, io, json, sys
+from snakemake.cli import main
+done = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+    done.append([code, out.getvalue(), err.getvalue()])
+with open(sys.argv[2], "w", encoding="utf-8") as handle:
+    json.dump(done, handle)
+"""
+
+
+def snakemake_each(*argvs: list[str], cwd: Path = ROOT) -> list[subprocess.CompletedProcess]:
+    """`snakemake ARGV` for each ARGV in `argvs`, in `cwd`, in one Python process (see _EACH)."""
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    with tempfile.TemporaryDirectory() as folder:
+        done = Path(folder) / "done.json"
+        ran = subprocess.run([sys.executable, "-c", _EACH, json.dumps(argvs), str(done)], cwd=cwd, env=env,
+                             capture_output=True, text=True)
+        assert ran.returncode == 0 and done.is_file(), ran.stdout + ran.stderr
+        results = json.loads(done.read_text(encoding="utf-8"))
+    return [subprocess.CompletedProcess(["snakemake", *argv], code, out, err)
+            for argv, (code, out, err) in zip(argvs, results, strict=True)]
 
 
 def train_argv(run_name: str, model_dir, out: Path, prov: Path, bank: dict, **chosen) -> list[str]:

@@ -1,13 +1,14 @@
 """Each config guard of the Snakefile and the rule files refuses the config that trips it, with its own
 message: one dry run per guard, over the embedded default with a small `--configfile` on top (offline;
-the guard stops Snakemake while it reads the rule files, before any job is planned)."""
+the guard stops Snakemake while it reads the rule files, before any job is planned), all of them in one
+Python process."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from conftest import ROOT, snakemake
+from conftest import ROOT, snakemake_each
 
 DEFAULT = yaml.safe_load((ROOT / "config" / "config.yaml").read_text(encoding="utf-8"))
 MODELS = ", ".join(sorted(m["name"] for m in DEFAULT["models"]))
@@ -83,33 +84,50 @@ GUARDS = {
 }
 
 
-def refusal(tmp_path, config: dict) -> str:
-    """What a dry run over the default config with `config` on top prints; it must fail."""
-    path = tmp_path / "guard.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    result = snakemake("-n", "--configfile", str(path))
+# The config of test_an_unknown_top_level_key_is_one_line_not_the_schema.
+ONE_LINE = {"taging": {}}
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory) -> dict:
+    """A dry run of the default config's `export` (name None), and one over the default config with each
+    guard's config on top (and ONE_LINE's): name -> what Snakemake returned and printed. All in one
+    Python process (conftest.snakemake_each)."""
+    folder = tmp_path_factory.mktemp("guards")
+    configs = {name: config for name, (config, _) in GUARDS.items()} | {"one line": ONE_LINE}
+    argvs = {}
+    for index, (name, config) in enumerate(configs.items()):
+        path = folder / f"guard-{index}.yaml"
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        argvs[name] = ["-n", "--configfile", str(path)]
+    argvs[None] = ["-n", "--cores", "2", "export"]  # last: what the refusals leave behind cannot help it
+    return dict(zip(argvs, snakemake_each(*argvs.values()), strict=True))
+
+
+def refusal(dry_runs, name: str) -> str:
+    """What the dry run of guard `name` printed; it must fail."""
+    result = dry_runs[name]
     assert result.returncode != 0, result.stdout
     return result.stdout + result.stderr
 
 
-def test_the_default_config_passes_every_guard():
+def test_the_default_config_passes_every_guard(dry_runs):
     # The configs below differ from it only in what trips their guard.
-    result = snakemake("-n", "--cores", "2", "export")
-    assert result.returncode == 0, result.stderr
+    assert dry_runs[None].returncode == 0, dry_runs[None].stdout + dry_runs[None].stderr
 
 
 @pytest.mark.parametrize("guard", list(GUARDS))
-def test_each_guard_refuses_its_config_with_its_message(tmp_path, guard):
-    config, message = GUARDS[guard]
-    printed = refusal(tmp_path, config)
+def test_each_guard_refuses_its_config_with_its_message(dry_runs, guard):
+    _, message = GUARDS[guard]
+    printed = refusal(dry_runs, guard)
     assert "WorkflowError" in printed and message in printed
     if guard == "threads of a rule that takes none":  # then the rules that do, sorted
         listed = printed.split(message, 1)[1].splitlines()[0].split(", ")
         assert listed == sorted(listed) and "tagging_train" in listed and "export_table" not in listed
 
 
-def test_an_unknown_top_level_key_is_one_line_not_the_schema(tmp_path):
-    printed = refusal(tmp_path, {"taging": {}})
+def test_an_unknown_top_level_key_is_one_line_not_the_schema(dry_runs):
+    printed = refusal(dry_runs, "one line")
     line = next(x for x in printed.splitlines() if "unknown top-level key" in x)
     assert line.endswith(", texts, threads, timing, treebank, writeback")
     assert len(printed.splitlines()) < 20 and "additionalProperties" not in printed
