@@ -1,5 +1,6 @@
-"""profiles/slurm on a real Slurm: a single-node cluster (tests/slurm/cluster.py) runs a small config,
-whose results must equal a local run's byte for byte, timing tables aside.
+"""profiles/slurm on a real Slurm: a single-node cluster (tests/slurm/cluster.py) runs some targets of
+the small config (conftest.SMALL_CONFIG), whose results must equal those of the local run of that
+config the end-to-end tests share (conftest.small_workflow) byte for byte, timing tables aside.
 
 Runs where slurm-wlm, slurmdbd, mariadb-server and munge are installed and the test runs as root;
 skipped elsewhere, and skipped too when the daemons do not come up. A few minutes on 2 cores.
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import copy_workflow, snakemake
+from conftest import small_copy, snakemake
 
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 import cluster  # noqa: E402
@@ -21,27 +22,10 @@ import cluster  # noqa: E402
 pytestmark = pytest.mark.slurm
 
 TARGETS = ("export", "parity", "results/tagging/baseline/scores.csv")
-# One tiny model; the export and parity recipes and the tagging baseline, whose treebank, out-of-domain
-# set and baseline rules once took no resources from the config. Distinctive resources, one rule's own.
-# latency_threads 1 on a node of 2 or more CPUs: the node's other CPUs in the job say --exclusive worked.
-CONFIG = """\
-models:
-  - {name: bert-tiny, source: tiny, architecture: config/models/bert-tiny.json, seed: 0}
-texts: {tatoeba: config/texts/tatoeba_sample.tsv, udhr: config/texts/udhr_sample, tatoeba_count: 12,
-        udhr_count: 4}
-parity: {latency_runs: 2, latency_warmup: 1, latency_threads: 1, latency_batches: [1]}
-timing: {min_seconds: 0.1}
-treebank: {sizes: {train: 60, dev: 20, test: 20}}
-tagging:
-  runs: [{name: tiny-frozen, model: bert-tiny, mode: frozen, epochs: 1}]
-  comparisons: [[tiny-frozen, baseline]]
-  resamples: 200
-  step_time: {models: [bert-tiny]}
-student: {teacher: bert-tiny}
-resources:
-  default: {mem_mb: 1234, runtime: 56}
-  tagging_treebank: {mem_mb: 1300, runtime: 57}
-"""
+# The export and parity recipes and the tagging baseline, whose treebank, out-of-domain set and baseline
+# rules once took no resources from the config; SMALL_CONFIG gives distinctive resources, one rule its
+# own, and latency_threads 1: on a node of 2 or more CPUs, the node's other CPUs in the job say
+# --exclusive worked.
 # The jobs that go through sbatch (every other one is a local rule) and what each asks for.
 SUBMITTED = {"export_model": ("1234M", "00:56:00"), "parity_inference": ("1234M", "00:56:00"),
              "parity_trainable": ("1234M", "00:56:00"), "parity_latency": ("1234M", "00:56:00"),
@@ -67,12 +51,6 @@ def slurm(tmp_path_factory):
         cluster.stop(root)
 
 
-def _workflow_copy(path: Path) -> Path:
-    copy_workflow(path)
-    (path / "config" / "config.yaml").write_text(CONFIG)
-    return path
-
-
 def _results(copy: Path) -> set[str]:
     return {p.relative_to(copy).as_posix() for p in (copy / "results").rglob("*") if p.is_file()}
 
@@ -85,12 +63,9 @@ def _jobs(env: dict) -> list[dict]:
     return [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines()]
 
 
-def test_the_slurm_profile_gives_a_local_runs_results(slurm, tmp_path):
-    local, remote = _workflow_copy(tmp_path / "local"), _workflow_copy(tmp_path / "slurm")
+def test_the_slurm_profile_gives_a_local_runs_results(slurm, small_workflow, tmp_path):
+    local, remote = small_workflow, small_copy(tmp_path / "slurm")
     started = time.monotonic()
-    ran = snakemake("--cores", "2", *TARGETS, cwd=local)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    took = {"local": time.monotonic() - started}
     with pytest.MonkeyPatch.context() as patch:  # the cluster's config and srun (tests/slurm/cluster.py)
         for name in ("SLURM_CONF", "PATH"):
             patch.setenv(name, slurm[name])
@@ -98,7 +73,7 @@ def test_the_slurm_profile_gives_a_local_runs_results(slurm, tmp_path):
         ran = snakemake("--profile", "profiles/slurm", *TARGETS, "--slurm-init-seconds-before-status-checks",
                         "5", cwd=remote)
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    took["slurm"] = time.monotonic() - took["local"] - started
+    took = time.monotonic() - started
 
     jobs = _jobs(slurm)
     rules = [job["Comment"].removeprefix("rule_").split("_wildcards_")[0] for job in jobs]
@@ -110,11 +85,11 @@ def test_the_slurm_profile_gives_a_local_runs_results(slurm, tmp_path):
         assert (job["ReqMem"], job["Timelimit"]) == SUBMITTED[rule], job
         assert int(job["AllocCPUS"]) == (node_cpus if rule == "parity_latency" else 1), job
 
-    compared = sorted(f for f in _results(local) if not f.startswith(TIMING))
-    assert _results(remote) == _results(local)
+    # The local run built every target of `all`: the cluster's files are among its files, and equal.
+    compared = sorted(f for f in _results(remote) if not f.startswith(TIMING))
+    assert _results(remote) <= _results(local), _results(remote) - _results(local)
     assert len(compared) > 10 and "results/models/bert-tiny/model.onnx" in compared
     different = [f for f in compared if not filecmp.cmp(local / f, remote / f, shallow=False)]
     assert different == [], different
-    print(f"local run {took['local']:.0f} s, slurm run {took['slurm']:.0f} s; {len(jobs)} jobs through "
-          f"sbatch ({', '.join(rules)}); {len(compared)} files byte-equal, "
-          f"{len(_results(local)) - len(compared)} timing files not compared")
+    print(f"slurm run {took:.0f} s; {len(jobs)} jobs through sbatch ({', '.join(rules)}); {len(compared)} "
+          f"files byte-equal, {len(_results(remote)) - len(compared)} timing files not compared")

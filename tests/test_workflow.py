@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, copy_workflow, snakemake
+from conftest import ROOT, snakemake
 from encoder_study import deps
 
 
@@ -150,30 +150,6 @@ def test_the_real_data_config_resolves_with_local_copies(tmp_path):
         assert f"results/tagging/{run}/scores.csv" in out
     assert "--lr 5e-05" in out and "--epochs 1" in out  # the study's fine-tuning settings
     assert "results/treebank/pud.conllu" in out and "results/tagging/minilm-finetuned/pud.pred.conllu" in out
-
-
-@pytest.fixture(scope="module")
-def small_workflow(tmp_path_factory) -> Path:
-    """A copy of the workflow whose config names one tiny model, run once to completion."""
-    copy = copy_workflow(tmp_path_factory.mktemp("workflow"))
-    (copy / "config" / "config.yaml").write_text(
-        "models:\n  - {name: bert-tiny, source: tiny, architecture: config/models/bert-tiny.json, seed: 0}\n"
-        "texts: {tatoeba: config/texts/tatoeba_sample.tsv, udhr: config/texts/udhr_sample,"
-        " tatoeba_count: 12, udhr_count: 4}\n"
-        "parity: {latency_runs: 2, latency_warmup: 1}\n"
-        "treebank: {sizes: {train: 60, dev: 20, test: 20}}\n"
-        "tagging:\n  runs: [{name: tiny-frozen, model: bert-tiny, mode: frozen, epochs: 2},"
-        " {name: student-tuned, model: student, mode: finetuned, max_steps: 2, warmup: 1, eval_every: 1}]\n"
-        "  comparisons: [[tiny-frozen, baseline]]\n  resamples: 200\n"
-        "  step_time: {models: [bert-tiny], batch: 2, length: 8}\n"
-        "writeback: {speed_sentences: 8, speed_repeats: 1}\n"
-        "student:\n  teacher: bert-tiny\n"
-        "  architecture: {layers: 2, width: 32, heads: 2, intermediate: 64, embedding_width: 8}\n"
-        "  training: {steps: 4, batch_windows: 4, window_lengths: [16], chunk_steps: 2, log_every: 2,"
-        " stats_windows: 4}\n")
-    result = snakemake("--cores", "2", "all", cwd=copy)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return copy
 
 
 def test_all_exports_with_manifest_and_provenance(small_workflow):
