@@ -72,6 +72,38 @@ def exports(tiny_exports, minilm_export) -> dict[str, Path]:
     return {**tiny_exports, "minilm": minilm_export}
 
 
+# -- pytest-xdist: the README's test command runs the suite on two workers (-n 2; --dist loadscope) ------
+# A group runs on one worker. Each test file is a group, so that its module fixtures are made once; the
+# files that read the session's small_workflow run are one group, so that it is made once. The two
+# longest groups start first, side by side, instead of one of them last.
+SHARED_RUN = ("test_slurm.py", "test_workflow.py")  # test_slurm first: test_workflow edits the run last
+FIRST = ("small_workflow", "test_rehearsal.py")
+
+
+def _group(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    return "small_workflow" if name in SHARED_RUN else name
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """--dist loadscope, with the groups above as scopes."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid.split("::", 1)[0])
+
+    return Groups(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: the order the groups are handed out in
+        rank = {group: index for index, group in enumerate(FIRST)}
+        items.sort(key=lambda item: rank.get(_group(item.nodeid.split("::", 1)[0]), len(FIRST)))
+
+
 # -- running the commands --------------------------------------------------------------------------
 
 def runner(command: str) -> Callable[..., int]:
