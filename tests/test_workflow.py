@@ -8,37 +8,72 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, snakemake
+from conftest import ROOT, snakemake, snakemake_each
 from encoder_study import deps
 
+BAD_CONFIGS = {
+    "models:\n  - {name: x, source: tiny, architecture: a.json, seed: zero}\n": "'zero' is not of type",
+    "exprot: {}\n": "unknown top-level key 'exprot'",
+    "models:\n  - {name: x, source: hf, repo: a/b, revison: abc}\n": "'revison' was unexpected",
+    "export: {opset: \"17\"}\n": "'17' is not of type 'integer'",
+}
 
-def test_dry_run_of_all():
-    result = snakemake("-n", "--cores", "8", "all")
+
+def _local_ewt(folder: Path) -> Path:
+    """A config over config/ewt-minilm.yaml naming local treebank files (and the texts) with their SHA-256."""
+    import hashlib
+
+    override = {"texts": {"tatoeba": str(ROOT / "config/texts/tatoeba_sample.tsv"),
+                          "udhr": str(ROOT / "config/texts/udhr_sample")}, "treebank": {}}
+    for split in ("train", "dev", "test"):
+        path = folder / f"en_ewt-ud-{split}.conllu"
+        path.write_text("# text = Hi.\n1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\tSpaceAfter=No\n"
+                        "2\t.\t.\tPUNCT\t_\t_\t1\tpunct\t_\t_\n\n")
+        override["treebank"][split] = f"file://{path}"
+        override["treebank"][f"{split}_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    # The out-of-domain test set (UD English-PUD), a local stand-in too.
+    override["treebank"]["extra_tests"] = {"pud": {"url": str(path), "sha256": hashlib.sha256(
+        path.read_bytes()).hexdigest()}}
+    (folder / "local.yaml").write_text(json.dumps(override))
+    return folder / "local.yaml"
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory) -> dict:
+    """The dry runs (and the lint) of the tests below, in the repository, in one Python process
+    (conftest.snakemake_each): name -> what Snakemake returned and printed."""
+    folder = tmp_path_factory.mktemp("dry-runs")
+    argvs = {"all": ["-n", "--cores", "8", "all"], "lint": ["--lint"],
+             "paper": ["-n", "export", "--configfile", "config/paper.yaml"],
+             "recipes": ["-n", "--cores", "2", *RECIPES],
+             "ewt": ["-n", "--cores", "2", "tagging", "writeback", "--configfile", "config/ewt-minilm.yaml",
+                     str(_local_ewt(folder))]}
+    for index, bad in enumerate(BAD_CONFIGS):
+        (folder / f"bad-{index}.yaml").write_text(bad)
+        argvs[bad] = ["-n", "--configfile", str(folder / f"bad-{index}.yaml")]
+    return {"folder": folder, **dict(zip(argvs, snakemake_each(*argvs.values()), strict=True))}
+
+
+def test_dry_run_of_all(dry_runs):
+    result = dry_runs["all"]
     assert result.returncode == 0, result.stderr
 
 
-def test_lint_is_clean():
-    result = snakemake("--lint")
+def test_lint_is_clean(dry_runs):
+    result = dry_runs["lint"]
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Lints for" not in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("bad, named", [
-    ("models:\n  - {name: x, source: tiny, architecture: a.json, seed: zero}\n", "'zero' is not of type"),
-    ("exprot: {}\n", "'exprot' was unexpected"),
-    ("models:\n  - {name: x, source: hf, repo: a/b, revison: abc}\n", "'revison' was unexpected"),
-    ("export: {opset: \"17\"}\n", "'17' is not of type 'integer'"),
-])
-def test_schema_rejects_a_bad_config_naming_the_key(tmp_path, bad, named):
-    config = tmp_path / "bad.yaml"
-    config.write_text(bad)
-    result = snakemake("-n", "--configfile", str(config))
+@pytest.mark.parametrize("bad", list(BAD_CONFIGS))
+def test_schema_rejects_a_bad_config_naming_the_key(dry_runs, bad):
+    result = dry_runs[bad]
     assert result.returncode != 0
-    assert named in result.stdout + result.stderr
+    assert BAD_CONFIGS[bad] in result.stdout + result.stderr
 
 
-def test_paper_config_replaces_the_default_models():
-    result = snakemake("-n", "export", "--configfile", "config/paper.yaml")
+def test_paper_config_replaces_the_default_models(dry_runs):
+    result = dry_runs["paper"]
     assert result.returncode == 0, result.stderr
     assert "mmbert-base" in result.stdout and "bert-tiny" not in result.stdout
 
@@ -105,10 +140,13 @@ def _recipes_in_readme() -> list[str]:
     return [line.split("|")[1].strip().strip("`") for line in table]
 
 
-def test_readme_recipes_are_rule_files_commands_and_targets():
+RECIPES = _recipes_in_readme()
+
+
+def test_readme_recipes_are_rule_files_commands_and_targets(dry_runs):
     from encoder_study import cli
 
-    recipes = _recipes_in_readme()
+    recipes = RECIPES
     assert recipes == ["export", "parity", "student", "tagging", "writeback", "retrieval"]
     for recipe in recipes:
         assert (ROOT / f"workflow/rules/{recipe}.smk").is_file(), recipe
@@ -119,28 +157,13 @@ def test_readme_recipes_are_rule_files_commands_and_targets():
         names = [line.split()[1].rstrip(":") for line in rules.splitlines()
                  if line.strip().startswith("rule ")]
         assert all(n == recipe or n.startswith(f"{recipe}_") for n in names), names
-    result = snakemake("-n", "--cores", "2", *recipes)
+    result = dry_runs["recipes"]  # a dry run of every recipe together
     assert result.returncode == 0, result.stderr
 
 
-def test_the_real_data_config_resolves_with_local_copies(tmp_path):
+def test_the_real_data_config_resolves_with_local_copies(dry_runs):
     """config/ewt-minilm.yaml as an offline user runs it: local treebank files with their SHA-256."""
-    import hashlib
-
-    override = {"texts": {"tatoeba": str(ROOT / "config/texts/tatoeba_sample.tsv"),
-                          "udhr": str(ROOT / "config/texts/udhr_sample")}, "treebank": {}}
-    for split in ("train", "dev", "test"):
-        path = tmp_path / f"en_ewt-ud-{split}.conllu"
-        path.write_text("# text = Hi.\n1\tHi\thi\tINTJ\t_\t_\t0\troot\t_\tSpaceAfter=No\n"
-                        "2\t.\t.\tPUNCT\t_\t_\t1\tpunct\t_\t_\n\n")
-        override["treebank"][split] = f"file://{path}"
-        override["treebank"][f"{split}_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    # The out-of-domain test set (UD English-PUD), a local stand-in too.
-    override["treebank"]["extra_tests"] = {"pud": {"url": str(path), "sha256": hashlib.sha256(
-        path.read_bytes()).hexdigest()}}
-    (tmp_path / "local.yaml").write_text(json.dumps(override))
-    result = snakemake("-n", "--cores", "2", "tagging", "writeback", "--configfile", "config/ewt-minilm.yaml",
-                       str(tmp_path / "local.yaml"))
+    result, tmp_path = dry_runs["ewt"], dry_runs["folder"]
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for split in ("train", "dev", "test"):
