@@ -7,6 +7,7 @@ skipped elsewhere, and skipped too when the daemons do not come up. A few minute
 """
 
 import filecmp
+import os
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import small_copy, snakemake
+from conftest import small_copy
 
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 import cluster  # noqa: E402
@@ -35,8 +36,11 @@ SUBMITTED = {"export_model": ("1234M", "00:56:00"), "parity_inference": ("1234M"
 TIMING = ("results/parity/latency", "results/benchmarks/")
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
+@pytest.fixture(scope="session")
+def cluster_run(tmp_path_factory):
+    """The single-node cluster, and the slurm profile's run of TARGETS in a copy of the small config, started
+    in the background: it waits on Slurm's status checks while the local run it is compared with
+    (conftest.small_workflow) is made. (cluster environment, the copy, the started run, when it started)"""
     why = cluster.unavailable()
     if why:
         pytest.skip(why)
@@ -45,9 +49,23 @@ def slurm(tmp_path_factory):
         env = cluster.start(root)
     except cluster.ClusterError as error:
         pytest.skip(f"the single-node cluster did not start: {error}")
+    remote = small_copy(tmp_path_factory.mktemp("remote"))
+    # The cluster's config and srun (tests/slurm/cluster.py), and this environment's commands.
+    run_env = dict(os.environ, SLURM_CONF=env["SLURM_CONF"],
+                   PATH=os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]]))
+    # Status checks from 5 s after a submission (the plugin's default, 40 s, only slows the test).
+    started = time.monotonic()
+    output = root / "snakemake.out"  # a file, not a pipe: nobody reads the run's output until it ends
+    with output.open("w") as out:
+        run = subprocess.Popen([sys.executable, "-m", "snakemake", "--profile", "profiles/slurm", *TARGETS,
+                                "--slurm-init-seconds-before-status-checks", "5"], cwd=remote, env=run_env,
+                               stdout=out, stderr=subprocess.STDOUT)
     try:
-        yield env
+        yield env, remote, (run, output), started
     finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
         cluster.stop(root)
 
 
@@ -63,16 +81,10 @@ def _jobs(env: dict) -> list[dict]:
     return [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines()]
 
 
-def test_the_slurm_profile_gives_a_local_runs_results(slurm, small_workflow, tmp_path):
-    local, remote = small_workflow, small_copy(tmp_path / "slurm")
-    started = time.monotonic()
-    with pytest.MonkeyPatch.context() as patch:  # the cluster's config and srun (tests/slurm/cluster.py)
-        for name in ("SLURM_CONF", "PATH"):
-            patch.setenv(name, slurm[name])
-        # Status checks from 5 s after a submission (the plugin's default, 40 s, only slows the test).
-        ran = snakemake("--profile", "profiles/slurm", *TARGETS, "--slurm-init-seconds-before-status-checks",
-                        "5", cwd=remote)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
+def test_the_slurm_profile_gives_a_local_runs_results(cluster_run, small_workflow):
+    slurm, remote, (run, output), started = cluster_run
+    local = small_workflow
+    assert run.wait(timeout=1200) == 0, output.read_text()
     took = time.monotonic() - started
 
     jobs = _jobs(slurm)
