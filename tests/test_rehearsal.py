@@ -250,7 +250,8 @@ def test_a_command_does_not_report_the_peak_of_the_process_that_started_it(tmp_p
 
 @pytest.mark.slow
 def test_scaled_down_rehearsal_runs_every_rule_of_the_study_and_measures_it(tmp_path):
-    """config/rehearsal.yaml over config/paper.yaml, as the full rehearsal, with small architecture files."""
+    """config/rehearsal.yaml over config/paper.yaml, as the full rehearsal, with small architecture files and
+    one tagging run of each kind (tests/data/rehearsal-small.yaml)."""
     copy = copy_workflow(tmp_path / "workflow", "tests/data")
     result = snakemake(
         "--cores",
