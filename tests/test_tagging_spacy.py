@@ -13,7 +13,7 @@ import spacy
 from spacy.language import Language
 from spacy.util import load_config
 
-from conftest import ROOT, cli_runner, runner, snakemake
+from conftest import ROOT, cli_runner, runner, snakemake_each
 from encoder_study import files
 from encoder_study.data import conllu
 from encoder_study.data.synthetic import write_synthetic
@@ -256,9 +256,10 @@ def test_the_configs_plan_the_spacy_runs():
     """The default trains its spaCy run; paper.yaml downloads en_core_web_sm; the rehearsal trains under
     that name, offline; each is compared with its fine-tuned run."""
     paper = ("--configfile", "config/paper.yaml")
-    plans = {"default": snakemake("-n", "-p", "--cores", "2", "tagging"),
-             "paper": snakemake("-n", "-p", "--cores", "8", "tagging", *paper),
-             "rehearsal": snakemake("-n", "-p", "--cores", "2", "tagging", *paper, "config/rehearsal.yaml")}
+    argvs = {"default": ["-n", "-p", "--cores", "2", "tagging"],
+             "paper": ["-n", "-p", "--cores", "8", "tagging", *paper],
+             "rehearsal": ["-n", "-p", "--cores", "2", "tagging", *paper, "config/rehearsal.yaml"]}
+    plans = dict(zip(argvs, snakemake_each(*argvs.values()), strict=True))  # in one Python process
     for name, plan in plans.items():
         assert plan.returncode == 0, (name, plan.stderr[-3000:])
     assert "tagging spacy --run spacy --source train --config config/spacy/tagger.cfg --seed 0" \
