@@ -80,6 +80,8 @@ def test_the_probe_keeps_the_fastest_candidate_and_takes_turns():
     assert probe.rate(times) == limit.gflops and probe.run_limit().gflops == limit.gflops
     assert any("theoretical float32 peak" in note for note in probe.notes())
     assert perf.rates(2e9, 0.5, 8.0) == {"gflops": 4.0, "fraction_of_gemm": 0.5}
+    quick = perf.Probe.beside(1, min_seconds=0.0)  # cells of 0 s: single products, no calibration time
+    assert set(quick.repeats.values()) == {1} and quick.threads == 1
 
 
 def test_the_gemm_candidates_compute_the_product():

@@ -345,7 +345,7 @@ def encoders(model_dir: str | os.PathLike, source_json: str | os.PathLike, threa
     torch.manual_seed(seed)
     shape = perf.Shape.from_config(manifest.read_config(model_dir))
     sentences = synthetic_docs(docs, seed)
-    probe = perf.Probe(threads, min(perf.CALIBRATION_SECONDS, min_seconds))
+    probe = perf.Probe.beside(threads, min_seconds)
     out = peak_and_gemm_rows(probe)
     out += shape_part(model_dir, source_dir, shape, threads, batch, seq_len, probe, min_seconds, seed)
     with tempfile.TemporaryDirectory(prefix="graph-variants-") as work_dir:

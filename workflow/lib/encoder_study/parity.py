@@ -74,7 +74,7 @@ def latency(pair: compare.Pair, threads: int, batches: tuple[int, ...], seq_len:
     against the machine's matrix-multiply rate at the same threads, the GEMM probe taking turns with them
     (`perf.Probe`: each cell against the probe measured beside it). `probe`: one made here if None."""
     threads = machine.torch_threads(threads)
-    probe = probe or perf.Probe(threads)
+    probe = probe or perf.Probe.beside(threads, min_seconds)
     session = ort_session(pair.onnx_path, threads)
     vocab = int(pair.torch_model.config.vocab_size)
     seq_len = min(seq_len, pair.pieces.max_pieces)
@@ -166,7 +166,7 @@ def latency_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike, t
     report = Report("Latency", "", inputs=model_inputs(model_dir, source_json))
     pair = compare.Pair.load(model_dir, source_json)
     before = machine.load_average()
-    probe = perf.Probe(threads, min(perf.CALIBRATION_SECONDS, min_seconds))
+    probe = perf.Probe.beside(threads, min_seconds)
     rows = latency(pair, threads, batches, seq_len, warmup, runs, min_seconds, probe=probe)
     after = machine.load_average()
     for row in rows:

@@ -264,11 +264,11 @@ class Probe:
     the longer timed calls beside it meet."""
 
     def __init__(self, threads: int, calibration_seconds: float = CALIBRATION_SECONDS,
-                 candidates: Sequence[Gemm] | None = None):
+                 candidates: Sequence[Gemm] | None = None, sample_seconds: float = PROBE_SECONDS):
         self.threads = machine.usable_threads(threads)
         candidates = list(candidates or gemm_candidates())
         products = {g: g.call(self.threads) for g in candidates}
-        self.repeats = {g: _repeats(products[g]) for g in candidates}  # products per sample
+        self.repeats = {g: _repeats(products[g], sample_seconds) for g in candidates}  # products per sample
         samples = {g.name: _sample(products[g], self.repeats[g]) for g in candidates}
         # each turn one untimed sample: the implementations have thread pools of their own
         times = measure(samples, calibration_seconds, min_repeats=2, warmup=0, block_seconds=1e-9)
@@ -278,6 +278,13 @@ class Probe:
         self._sample = samples[self.gemm.name]
         self.peak = machine.fp32_peak(self.threads)
         self.turns: list[float] = []  # every timed sample since: the probe's spread across the run
+
+    @classmethod
+    def beside(cls, threads: int, min_seconds: float) -> Probe:
+        """A probe for cells of at least `min_seconds` each: its calibration and samples no longer than
+        those cells (a test's cells of 0 s get single products)."""
+        return cls(threads, min(CALIBRATION_SECONDS, min_seconds),
+                   sample_seconds=min(PROBE_SECONDS, min_seconds))
 
     def sample_flops(self, gemm: Gemm | None = None) -> float:
         """The floating-point operations of one sample of `gemm` (the probe's product if None)."""
@@ -332,12 +339,12 @@ class Probe:
         return out
 
 
-def _repeats(product: Callable[[], object]) -> int:
-    """How many calls of `product` take about PROBE_SECONDS (timed once, after a warm-up call)."""
+def _repeats(product: Callable[[], object], seconds: float) -> int:
+    """How many calls of `product` take about `seconds`, at least one (timed once, after a warm-up call)."""
     product()
     start = time.perf_counter()
     product()
-    return max(1, math.ceil(PROBE_SECONDS / max(time.perf_counter() - start, 1e-9)))
+    return max(1, math.ceil(seconds / max(time.perf_counter() - start, 1e-9)))
 
 
 def _sample(product: Callable[[], object], repeats: int) -> Callable[[], None]:

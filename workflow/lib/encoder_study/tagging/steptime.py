@@ -164,7 +164,7 @@ def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batc
     # The limit: the CPU's matrix-multiply rate at torch's threads, the probe taking turns with the steps
     # (on CUDA there is no CPU limit to read a GPU step against: fraction_of_gemm is then left empty).
     if device == "cpu":
-        probe = probe or perf.Probe(torch.get_num_threads(), min(perf.CALIBRATION_SECONDS, min_seconds))
+        probe = probe or perf.Probe.beside(torch.get_num_threads(), min_seconds)
     else:
         probe = None
     shape = perf.Shape.from_config(theirs.model.config.to_dict())
