@@ -204,7 +204,9 @@ def train(config_path: str | os.PathLike, train_sentences: Sequence[Sentence],
             section[keys[-1]] = None
         saved.to_disk(best / "config.cfg")
         files.replace_dir(best, target)
-    chosen = max(history, key=lambda h: (h["dev_upos"], -h["step"]))  # spaCy's choice: the first best
+    # spaCy's choice: it saves model-best at every score equal to the best so far (score == max(results)[0]),
+    # so of equal best scores the last one is on disk.
+    chosen = max(history, key=lambda h: (h["dev_upos"], h["step"]))
     return Trained(target, history, chosen["step"], chosen["dev_upos"])
 
 
