@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from encoder_study import files
+from encoder_study import artefacts, files
 from encoder_study.trainable import harness
 from encoder_study.trainable.harness import TrainingError
 
@@ -115,6 +115,11 @@ class Toy(harness.Loop):
         harness.set_rng_state(state["rng"], self.device)
 
 
+def _saved(checkpoint) -> dict:
+    """The checkpoint as the harness reads it: its own SHA-256 checked."""
+    return artefacts.read_torch(checkpoint, Toy.WHAT, artefacts.CHECKPOINT_FIX, files.CheckpointError)
+
+
 @pytest.mark.parametrize("chunks, expected", [("invocation", [(1, 2), (3, 5)]),
                                               ("save", [(1, 2), (3, 4), (5, 5)])])
 def test_a_loop_resumed_after_a_crash_ends_where_a_plain_loop_ends(tmp_path, capsys, chunks, expected):
@@ -125,13 +130,13 @@ def test_a_loop_resumed_after_a_crash_ends_where_a_plain_loop_ends(tmp_path, cap
     checkpoint = tmp_path / "toy.pt"
     with pytest.raises(Crash):  # dies before step 4, after the save at step 2
         Toy(checkpoint, chunks, crash_at=3).train(chunk_steps=2, progress=True, desc="toy")
-    assert files.read_checkpoint(checkpoint, Toy.FORMAT, Toy.WHAT)["step"] == 2
+    assert _saved(checkpoint)["step"] == 2
     resumed = Toy(checkpoint, chunks)
     assert resumed.resumed_from == 2
     resumed.train(chunk_steps=2, progress=True, desc="toy")
     assert torch.equal(resumed.x, plain)
     assert [(c["first_step"], c["last_step"]) for c in resumed.chunks] == expected
-    saved = files.read_checkpoint(checkpoint, Toy.FORMAT, Toy.WHAT)  # the finished state
+    saved = _saved(checkpoint)  # the finished state
     assert saved["step"] == 5 and torch.equal(saved["x"], plain)
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(",")[0] for line in lines] == ["toy: step 2/5", "toy: step 4/5"]

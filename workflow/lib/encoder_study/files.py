@@ -254,23 +254,6 @@ class CheckpointError(UserError):
     """A checkpoint cannot be resumed: it belongs to another run, or it is not a checkpoint."""
 
 
-def read_checkpoint(path: str | os.PathLike, format_name: str, what: str) -> dict:
-    """A checkpoint written by `write_torch` with `"format": format_name` (tensors and plain data only).
-
-    CheckpointError, naming the file and `what` it should be, for anything else.
-    """
-    import torch
-
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # a truncated or foreign file: torch raises several types
-        raise CheckpointError(f"{path}: cannot read the checkpoint ({err}); delete it to start "
-                              "over") from err
-    if not isinstance(state, dict) or state.get("format") != format_name:
-        raise CheckpointError(f"{path}: not a {what}; delete it to start over")
-    return state
-
-
 def check_same_run(path: str | os.PathLike, what: str, saved: dict, now: dict) -> None:
     """Refuse to resume a checkpoint whose `what` (a dict of settings) differs, naming each change."""
     if saved != now:

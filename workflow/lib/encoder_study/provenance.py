@@ -268,6 +268,7 @@ class Fragment:
     def __enter__(self) -> Fragment:
         self.started = dt.datetime.now(dt.UTC)
         files.CHECKED.clear()  # what the job checks from here on is what it reads (file_rows)
+        _USED.clear()  # device facts told before this fragment opened belong to no fragment
         self._t0 = time.perf_counter()
         return self
 
