@@ -212,6 +212,52 @@ def test_the_graph_pools_words_as_the_modules_do(models, tmp_path, name, pooling
     assert np.abs(reference).max() > 0.1
 
 
+def test_a_pieces_budget_pools_as_the_modules_do(models, tmp_path):
+    """Runs of at most N padded pieces (the speed table's batches) give the modules' word vectors too."""
+    model_dir = models["bert-tiny"]
+    encoder = TrainableEncoder(model_dir, pooling="mean", max_length=16)
+    out = tmp_path / "identity.onnx"
+    patch.patch(model_dir / manifest.ONNX_FILE, out,
+                {names.HEAD_WEIGHT: np.eye(encoder.width, dtype=np.float32),
+                 names.HEAD_BIAS: np.zeros(encoder.width, np.float32)},
+                appended=writeback.head_appendix(encoder.width, encoder.width, "mean"))
+    documents = docs()
+    with torch.no_grad():
+        reference = encoder.forward_flat(documents)[0].numpy()
+    graph = GraphTagger(model_dir, out, pooling="mean", max_length=16)
+    graph.encoder.batch_pieces = 40
+    prepared = graph.encoder.tokenizer.prepare_many(documents, 16)
+    assert len(tagging_graph.piece_batches(prepared, 40)) > 2  # several runs, one over the budget
+    ours = np.concatenate(graph.logits(documents))
+    assert np.abs(ours - reference).max() < 1e-5
+
+
+def _windows(*lengths_of_docs):
+    """Stand-ins of prepared documents: `inputs` (windows of these lengths) and `windows` alone."""
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(inputs=[np.zeros(n, np.int64) for n in doc], windows=list(doc))
+            for doc in lengths_of_docs]
+
+
+def test_piece_batches_group_as_the_trainable_encoder_plans():
+    """One-window documents: the grouping trainable.words.plan_batches makes of their lengths; a
+    document's windows stay together, and one over the budget runs alone."""
+    from encoder_study.trainable.words import plan_batches
+
+    rng = np.random.default_rng(0)
+    for budget in (16, 40, 100, 10_000):
+        lengths = [int(n) for n in rng.integers(1, 17, size=30)]
+        assert tagging_graph.piece_batches(_windows(*([n] for n in lengths)), budget) == \
+            plan_batches(lengths, budget)
+    assert tagging_graph.piece_batches(_windows([3], [2], [4]), 1) == [[2], [0], [1]]
+    # [5, 5] (10 padded), [6] (6), [3], [4, 4, 4] (12): longest first, windows x longest <= 12
+    assert tagging_graph.piece_batches(_windows([5, 5], [6], [3], [4, 4, 4]), 12) == [[1], [0], [3], [2]]
+    assert tagging_graph.piece_batches(_windows([5, 5], [6], [3], [4, 4, 4]), 18) == [[1, 0], [3, 2]]
+    with pytest.raises(ValueError, match="max_pieces"):
+        tagging_graph.piece_batches([], 0)
+
+
 def test_the_piece_table_lists_each_words_pieces_in_order():
     from encoder_study.tokens import WordPieces
 

@@ -367,10 +367,13 @@ def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, t
     for name in ("bert-tiny", "modernbert-tiny"):
         assert (tmp_path / "writeback" / name / "test.pred.conllu").is_file()
 
-    _, rows = command("speed", "--test", str(bank["test"]), "--sentences", "8", "--batch", "4",
+    _, rows = command("speed", "--test", str(bank["test"]), "--sentences", "8", "--batch-pieces", "24",
                       "--warmup", "0", "--repeats", "2", "--threads", "2", "--min-seconds", "0.05")
     assert sorted({int(r["threads"]) for r in rows}) == sorted({1, min(2, os.cpu_count() or 1)})
     for r in rows:
+        # the same batches for both paths, longest first within the budget: some padding, none counted
+        assert int(r["batches"]) > 1 and int(r["padded_pieces"]) >= int(r["pieces"]) > int(r["tokens"])
+        assert int(r["batch_pieces"]) == 24
         for impl in ("modules", "graph"):
             low, mid, high = (float(r[f"{impl}_tok_s{s}"]) for s in ("_min", "", "_max"))
             assert 0 < low <= mid <= high and int(r[f"{impl}_repeats"]) >= 2

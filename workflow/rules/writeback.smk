@@ -13,6 +13,12 @@ for _name in WRITEBACK_RUNS:
     if _name not in FINETUNED_RUNS:
         raise WorkflowError(f"config: writeback.runs names '{_name}', which is not a fine-tuned tagging run "
                             f"(fine-tuned runs: {', '.join(FINETUNED_RUNS) or 'none'})")
+# The runs the speed table times: the written-back runs but those of writeback.speed_skip (a name that
+# is not among them is ignored: a config given over this one may have other runs).
+SPEED_RUNS = [r for r in WRITEBACK_RUNS if r not in WRITEBACK["speed_skip"]]
+if WRITEBACK_RUNS and not SPEED_RUNS:
+    raise WorkflowError(f"config: writeback.speed_skip skips every written-back run "
+                        f"({', '.join(WRITEBACK_RUNS)}); the speed table needs one")
 
 
 rule writeback_pipeline:
@@ -38,20 +44,22 @@ rule writeback_pipeline:
         " --threads {threads} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
-# Both pipelines of every run, the written graphs and the exports they reference: the tables' inputs.
-WRITEBACK_INPUTS = {
-    "inline": expand(rules.tagging_train.output.pipeline, run=WRITEBACK_RUNS),
-    "written": expand(rules.writeback_pipeline.output.pipeline, run=WRITEBACK_RUNS),
-    "graphs": expand(rules.writeback_pipeline.output.graph, run=WRITEBACK_RUNS),
-    "models": sorted({f for r in WRITEBACK_RUNS for f in model_files(RUNS[r]["model"])}),
+# Both pipelines of each run, the written graphs and the exports they reference: a table's inputs.
+WRITEBACK_INPUTS_OF = lambda runs: {
+    "inline": expand(rules.tagging_train.output.pipeline, run=runs),
+    "written": expand(rules.writeback_pipeline.output.pipeline, run=runs),
+    "graphs": expand(rules.writeback_pipeline.output.graph, run=runs),
+    "models": sorted({f for r in runs for f in model_files(RUNS[r]["model"])}),
 }
 
 
-# `--run NAME INLINE WRITTEN` for every run, from the rule's inputs (in WRITEBACK_RUNS' order): a params
+# `--run NAME INLINE WRITTEN` for each run, from the rule's inputs (in the runs' order): a params
 # function of (wildcards, input).
-WRITEBACK_RUN_OPTIONS = lambda wc, input: " ".join(
+WRITEBACK_RUN_OPTIONS_OF = lambda runs: lambda wc, input: " ".join(
     f"--run {shlex.quote(run)} {shlex.quote(inline)} {shlex.quote(written)}"
-    for run, inline, written in zip(WRITEBACK_RUNS, input.inline, input.written, strict=True))
+    for run, inline, written in zip(runs, input.inline, input.written, strict=True))
+WRITEBACK_INPUTS = WRITEBACK_INPUTS_OF(WRITEBACK_RUNS)
+WRITEBACK_RUN_OPTIONS = WRITEBACK_RUN_OPTIONS_OF(WRITEBACK_RUNS)
 
 
 rule writeback_parity:
@@ -111,7 +119,7 @@ rule writeback_agreement:
 
 rule writeback_speed:
     input:
-        **WRITEBACK_INPUTS,
+        **WRITEBACK_INPUTS_OF(SPEED_RUNS),
         test=TREEBANK["test"],
         code=lib_code("writeback", "speed"),
     output:
@@ -120,10 +128,10 @@ rule writeback_speed:
         markdown="results/writeback/speed.md",
         prov=prov("writeback", "writeback_speed"),
     params:
-        runs=WRITEBACK_RUN_OPTIONS,
+        runs=WRITEBACK_RUN_OPTIONS_OF(SPEED_RUNS),
         threads=WRITEBACK["threads"],
         sentences=WRITEBACK["speed_sentences"],
-        batch=WRITEBACK["speed_batch"],
+        batch_pieces=WRITEBACK["speed_batch_pieces"],
         warmup=WRITEBACK["speed_warmup"],
         repeats=WRITEBACK["speed_repeats"],
         min_seconds=config["timing"]["min_seconds"],
@@ -139,7 +147,7 @@ rule writeback_speed:
         CONDA_ENV
     shell:
         "encoder-study writeback speed {params.runs} --test {input.test:q} --sentences {params.sentences}"
-        " --batch {params.batch} --warmup {params.warmup} --repeats {params.repeats}"
+        " --batch-pieces {params.batch_pieces} --warmup {params.warmup} --repeats {params.repeats}"
         " --min-seconds {params.min_seconds}"
         " --threads {params.threads} --out {output.table:q} --provenance {output.prov:q} > {log:q} 2>&1"
 

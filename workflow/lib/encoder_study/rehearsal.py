@@ -118,7 +118,7 @@ SCALES_WITH = {
                        "on a GPU: device memory instead",
     "tagging_step_time": "tagging.step_time.batch, length",
     "parity_latency": "parity.latency_batches, latency_seq_len",
-    "writeback_speed": "writeback.speed_batch",
+    "writeback_speed": "writeback.speed_batch_pieces",
     "writeback_pipeline": "treebank size",
     "writeback_agreement": "treebank size",
     "tagging_tables": "tagging.resamples, treebank size",

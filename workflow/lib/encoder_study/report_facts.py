@@ -248,7 +248,9 @@ def writeback_speed(run: Run) -> str:
     s = run.first_settings("writeback_speed")
     if s is None:
         return f"write-back speed {NOT_RECORDED}"
-    return (f"{number(s.get('sentences'))} test sentences, batch {s.get('batch')}, {s.get('warmup')} "
+    batch = (f"batches of at most {number(s.get('batch_pieces'))} padded pieces" if "batch_pieces" in s
+             else f"batch {s.get('batch')}")  # a run recorded before batches were counted in pieces
+    return (f"{number(s.get('sentences'))} test sentences, {batch}, {s.get('warmup')} "
             f"warm-up pass(es), then at least {s.get('repeats')} passes and {number(s.get('min_seconds'))} "
             f"s of passes per path; at 1 thread and at {s.get('threads')} threads asked (capped to the "
             "cores)")

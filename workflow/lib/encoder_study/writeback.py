@@ -55,10 +55,11 @@ PARITY_COLUMNS = ["run", "encoder", "comparison", "tokens", "max_abs", "mean_abs
 COMPARISONS = ("written graph vs modules", "export graph vs modules", "written pipeline logits vs modules")
 AGREEMENT_COLUMNS = ["run", "encoder", "split", "tokens", "sentences", "differing_tokens", "upos", "ci_low",
                      "ci_high", "upos_inline", "resamples", "seed"]
-SPEED_COLUMNS = ["run", "encoder", "threads", "sentences", "tokens", "repeats", "modules_tok_s",
-                 "graph_tok_s", "ratio", "modules_tok_s_min", "modules_tok_s_max", "graph_tok_s_min",
-                 "graph_tok_s_max", "modules_repeats", "graph_repeats", "modules_seconds", "graph_seconds",
-                 "gflop", "modules_gflops", "graph_gflops", "gemm_gflops", "modules_fraction_of_gemm",
+SPEED_COLUMNS = ["run", "encoder", "threads", "sentences", "tokens", "pieces", "padded_pieces",
+                 "batch_pieces", "batches", "repeats", "modules_tok_s", "graph_tok_s", "ratio",
+                 "modules_tok_s_min", "modules_tok_s_max", "graph_tok_s_min", "graph_tok_s_max",
+                 "modules_repeats", "graph_repeats", "modules_seconds", "graph_seconds", "gflop",
+                 "modules_gflops", "graph_gflops", "gemm_gflops", "modules_fraction_of_gemm",
                  "graph_fraction_of_gemm", "modules_scaling", "graph_scaling"]
 # The Markdown renderings' columns (tables.markdown): (key, title, format).
 PARITY_MARKDOWN = (("run", "run", ""), ("encoder", "encoder", ""), ("comparison", "comparison", ""),
@@ -68,7 +69,8 @@ SPEED_MARKDOWN = (("run", "run", ""), ("encoder", "encoder", ""), ("threads", "t
                   ("graph_tok_s", "written graph (tok/s)", ",.0f"), ("ratio", "ratio", ".1f"),
                   ("modules_fraction_of_gemm", "modules of GEMM", ".2f"),
                   ("graph_fraction_of_gemm", "graph of GEMM", ".2f"),
-                  ("graph_scaling", "graph vs 1 thread", ".2f"), ("repeats", "passes", "n"))
+                  ("graph_scaling", "graph vs 1 thread", ".2f"), ("batches", "batches a pass", "n"),
+                  ("repeats", "passes", "n"))
 
 __all__ = ["AGREEMENT_COLUMNS", "COMPARISONS", "PARITY_COLUMNS", "SPEED_COLUMNS", "WritebackError",
            "agreement_markdown", "agreement_row", "head_appendix", "head_weights_to_graph",
@@ -417,49 +419,87 @@ def _tag_all(tagger, batches) -> None:
         tagger.predict_ids(batch, batch_words=sys.maxsize)  # one forward (graph: one run) per batch
 
 
-def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, sentences, batch: int,
-               thread_counts: list[int], warmup: int, repeats: int, min_seconds: float) -> list[dict]:
-    """Tokens per second of the inline modules and the written graph at each thread count: the median
-    pass of at least `repeats` passes and `min_seconds` of passes each, the two taking turns in blocks
-    (`perf.measure`: each runtime's threads wind down before the other's are timed), with the slowest
-    and fastest pass; the rate against the machine's matrix-multiply rate at those threads (counted on
-    the windows the encoder runs, each at its own length: padding is not counted as work); and each
-    rate over the same implementation's at 1 thread (`*_scaling`, when 1 is among `thread_counts`)."""
+def speed_batches(graph, docs: list, batch_pieces: int) -> dict:
+    """The batches both paths tag, as a pipeline tags a file: the documents cut as both encoders cut
+    them, longest window first, each batch as many as fit `batch_pieces` padded pieces
+    (`tagging.graph.piece_batches`); with the windows' lengths (the counted work) and the padding."""
+    feeds = graph.encoder
+    prepared = feeds.tokenizer.prepare_many(docs, feeds.max_length)
+    groups = tagging_graph.piece_batches(prepared, batch_pieces)
+    lengths = [len(window) for doc in prepared for window in doc.inputs]
+    padded = [sum(len(prepared[d].inputs) for d in g) * max(len(w) for d in g for w in prepared[d].inputs)
+              for g in groups]
+    return {"batches": [[docs[d] for d in g] for g in groups], "lengths": lengths, "padded": padded}
+
+
+def _one_call_each(modules, graph, planned: dict, batch_pieces: int) -> None:
+    """Budgets that hold every planned batch: one forward of the modules and one run of the graph per
+    batch (a document over the budget is a batch alone, and sets the budget)."""
+    budget = max([batch_pieces, *planned["padded"]])
+    modules.encoder.max_batch_pieces = budget  # plans the same longest-first batch within a call
+    graph.encoder.batch_pieces = budget
+
+
+def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, sentences, batch_pieces: int,
+               thread_counts: list[int], warmup: int, repeats: int, min_seconds: float,
+               probes: dict | None = None) -> list[dict]:
+    """Tokens per second of the inline modules and the written graph at each thread count, on the same
+    batches (`speed_batches`): the median pass of at least `repeats` passes and `min_seconds` of passes
+    each, the two taking turns in blocks (`perf.measure`: each runtime's threads wind down before the
+    other's are timed), with the slowest and fastest pass; the rate against the machine's
+    matrix-multiply rate at those threads (counted on the windows the encoder runs, each at its own
+    length: padding is not counted as work); and each rate over the same implementation's at 1 thread
+    (`*_scaling`, when 1 is among `thread_counts`). The modules are loaded once, the graph once per
+    thread count (a session's threads are fixed); `probes` (threads -> perf.Probe) are reused across
+    calls, made here when missing."""
+    from .machine import torch_threads
+
+    probes = {} if probes is None else probes
     docs = [s.doc() for s in sentences]
     tokens = sum(len(d.words) for d in docs)
-    batches = [docs[i:i + batch] for i in range(0, len(docs), batch)]
+    modules = pipeline.load(inline, threads=max(thread_counts))
+    graph = pipeline.load(written, threads=thread_counts[0])  # ONNX Runtime's intra-op threads
+    planned = speed_batches(graph, docs, batch_pieces)
+    batches = planned["batches"]
+    flops = perf.encoder_flops(perf.Shape.from_config(graph.encoder.config), planned["lengths"])
+    shape = {"run": run, "encoder": _encoder_name(graph), "sentences": len(docs), "tokens": tokens,
+             "pieces": sum(planned["lengths"]), "padded_pieces": sum(planned["padded"]),
+             "batch_pieces": batch_pieces, "batches": len(batches), "gflop": flops / 1e9}
     rows = []
     for threads in thread_counts:
-        modules = pipeline.load(inline, threads=threads)  # sets torch's threads
-        graph = pipeline.load(written, threads=threads)  # ONNX Runtime's intra-op threads
-        graph.encoder.batch_size = batch  # a batch's windows in one call, as the modules run them
-        encoder = graph.encoder
-        lengths = [len(window) for doc in encoder.tokenizer.prepare_many(docs, encoder.max_length)
-                   for window in doc.inputs]
-        flops = perf.encoder_flops(perf.Shape.from_config(encoder.config), lengths)
-        probe = perf.Probe(threads)  # the limit, taking turns with the two (perf.measure's probe)
-        times = perf.measure({"modules": lambda m=modules: _tag_all(m, batches),
+        if graph.threads_requested != threads:
+            graph = None  # one session at a time: the study's graphs are large
+            graph = pipeline.load(written, threads=threads)
+        _one_call_each(modules, graph, planned, batch_pieces)
+        torch_threads(threads)
+        if threads not in probes:
+            probes[threads] = perf.Probe.beside(threads, min_seconds)  # the limit, taking turns with the two
+        probe = probes[threads]
+        times = perf.measure({"modules": lambda: _tag_all(modules, batches),
                               "graph": lambda g=graph: _tag_all(g, batches)},
                              min_seconds, min_repeats=repeats, warmup=warmup,
                              block_seconds=perf.BLOCK_SECONDS, probe=probe)
-        gemm = probe.rate(times)
-        mod, gra = perf.Spread.of(times["modules"]), perf.Spread.of(times["graph"])
-        rows.append({"run": run, "encoder": _encoder_name(graph), "threads": threads,
-                     "sentences": len(docs), "tokens": tokens, "repeats": min(mod.repeats, gra.repeats),
-                     "modules_tok_s": tokens / mod.median, "graph_tok_s": tokens / gra.median,
-                     "ratio": mod.median / gra.median,
-                     "modules_tok_s_min": tokens / mod.max, "modules_tok_s_max": tokens / mod.min,
-                     "graph_tok_s_min": tokens / gra.max, "graph_tok_s_max": tokens / gra.min,
-                     "modules_repeats": mod.repeats, "graph_repeats": gra.repeats,
-                     "modules_seconds": mod.seconds, "graph_seconds": gra.seconds, "gflop": flops / 1e9,
-                     "modules_gflops": flops / mod.median / 1e9, "graph_gflops": flops / gra.median / 1e9,
-                     "gemm_gflops": gemm, "modules_fraction_of_gemm": flops / mod.median / 1e9 / gemm,
-                     "graph_fraction_of_gemm": flops / gra.median / 1e9 / gemm})
+        rows.append({**shape, "threads": threads, **_speed_cells(times, tokens, flops, probe.rate(times))})
     single = next((r for r in rows if r["threads"] == 1), None)
     for r in rows:
         for impl in ("modules", "graph"):
             r[f"{impl}_scaling"] = r[f"{impl}_tok_s"] / single[f"{impl}_tok_s"] if single else ""
     return rows
+
+
+def _speed_cells(times: dict, tokens: int, flops: float, gemm: float) -> dict:
+    """A row's timed columns from `perf.measure`'s seconds."""
+    mod, gra = perf.Spread.of(times["modules"]), perf.Spread.of(times["graph"])
+    return {"repeats": min(mod.repeats, gra.repeats),
+            "modules_tok_s": tokens / mod.median, "graph_tok_s": tokens / gra.median,
+            "ratio": mod.median / gra.median,
+            "modules_tok_s_min": tokens / mod.max, "modules_tok_s_max": tokens / mod.min,
+            "graph_tok_s_min": tokens / gra.max, "graph_tok_s_max": tokens / gra.min,
+            "modules_repeats": mod.repeats, "graph_repeats": gra.repeats,
+            "modules_seconds": mod.seconds, "graph_seconds": gra.seconds,
+            "modules_gflops": flops / mod.median / 1e9, "graph_gflops": flops / gra.median / 1e9,
+            "gemm_gflops": gemm, "modules_fraction_of_gemm": flops / mod.median / 1e9 / gemm,
+            "graph_fraction_of_gemm": flops / gra.median / 1e9 / gemm}
 
 
 def speed_markdown(rows: list[dict]) -> str:

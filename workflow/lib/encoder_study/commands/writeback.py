@@ -6,8 +6,8 @@
         --texts results/texts/parity_texts.jsonl --threads 1 --out results/writeback/parity.csv ...
     encoder-study writeback agreement --run R INLINE WRITTEN ... --test results/treebank/test.conllu \\
         --pred-dir results/writeback --resamples 10000 --seed 0 --out results/writeback/agreement.csv ...
-    encoder-study writeback speed --run R INLINE WRITTEN ... --test ... --sentences 200 --batch 32 \\
-        --warmup 1 --repeats 2 --min-seconds 2 --out results/writeback/speed.csv ...
+    encoder-study writeback speed --run R INLINE WRITTEN ... --test ... --sentences 200 \\
+        --batch-pieces 1024 --warmup 1 --repeats 2 --min-seconds 2 --out results/writeback/speed.csv ...
     encoder-study writeback speed-plot --table results/writeback/speed.csv \\
         --out results/writeback/speed.png ...
 
@@ -117,16 +117,23 @@ def speed(args) -> int:
         sentences = conllu.read_conllu(args.test)[:args.sentences]
         before = load_average()
         rows = []
+        probes = {}  # one limit per thread count, shared by the runs: calibrated once
         for run, inline, written in sorted(args.runs):
             frag.inputs += writeback.run_inputs(inline, written)
-            rows += writeback.speed_rows(run, inline, written, sentences, args.batch, counts, args.warmup,
-                                         args.repeats, args.min_seconds)
+            rows += writeback.speed_rows(run, inline, written, sentences, args.batch_pieces, counts,
+                                         args.warmup, args.repeats, args.min_seconds, probes)
         markdown = writeback.speed_markdown(rows)
         frag.outputs += writeback.write_table(args.out, rows, writeback.SPEED_COLUMNS, markdown)
         frag.table("Write-back speed", markdown)
-        frag.note(f"tagging the first {len(sentences)} sentences of {args.test} (gold tokens), batches "
-                  f"of {args.batch} documents (the graph: one ONNX Runtime run each, ids and the "
-                  f"piece-to-word map in, tags out), median of at least {args.repeats} passes and "
+        for probe in probes.values():
+            for note in probe.notes():
+                frag.note(note)
+        frag.note(f"tagging the first {len(sentences)} sentences of {args.test} (gold tokens) as a "
+                  "pipeline tags a file: documents longest first, in batches of at most "
+                  f"{args.batch_pieces} padded pieces (rows x longest window; the same batches for both "
+                  "paths: one forward of the modules, one ONNX Runtime run of the graph each, ids and "
+                  "the piece-to-word map in, tags out; tokenisation included), median of at least "
+                  f"{args.repeats} passes and "
                   f"{args.min_seconds:g} s of passes per implementation (the two taking turns in blocks) "
                   f"after {args.warmup} warm-up pass(es); threads {', '.join(map(str, counts))}; load "
                   f"average (1, 5, 15 min) "
@@ -180,7 +187,8 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--seed", type=int, required=True)
         if name == "speed":
             s.add_argument("--sentences", type=_positive, required=True, help="the first N test sentences")
-            s.add_argument("--batch", type=_positive, required=True, help="documents per forward")
+            s.add_argument("--batch-pieces", type=_positive, required=True,
+                           help="padded pieces per forward (rows x longest window), documents longest first")
             s.add_argument("--warmup", type=int, required=True, help="untimed passes first")
             s.add_argument("--repeats", type=_positive, required=True, help="at least this many timed passes")
             s.add_argument("--min-seconds", type=float, required=True,

@@ -33,7 +33,9 @@ Unsqueeze take their axes as an input); `patch` refuses an older graph.
 as `Tagger.predict` does (`word_batches`), and runs each group's documents, longest first, in
 batches of at most `batch_size` windows (a document's windows share a batch, since its words may read
 pieces from each), every batch's inputs made before the first run, so the runs go back to back: no
-PyTorch and no pooling between them.
+PyTorch and no pooling between them. With `encoder.batch_pieces` set, a batch is instead as many
+documents as fit that many padded pieces (`piece_batches`: what the trainable encoder's
+`max_batch_pieces` does), the grouping the writeback speed table times both paths on.
 """
 
 from __future__ import annotations
@@ -139,6 +141,27 @@ class _Nodes:
 
 # -- running it -----------------------------------------------------------------------------------------
 
+def piece_batches(prepared: Sequence[DocPieces], max_pieces: int) -> list[list[int]]:
+    """Document indices in runs of at most `max_pieces` padded pieces: documents longest window first
+    (ties in order), a run taking documents while its windows x its longest window (the first
+    document's) stay within the budget; a document's windows share a run, and one over the budget
+    runs alone. The grouping `trainable.words.plan_batches` makes of one-window documents."""
+    if isinstance(max_pieces, bool) or not isinstance(max_pieces, int) or max_pieces < 1:
+        raise ValueError(f"max_pieces must be a positive integer, got {max_pieces!r}")
+    longest = [max(map(len, doc.inputs), default=0) for doc in prepared]
+    runs: list[list[int]] = []
+    windows = 0
+    for d in sorted(range(len(prepared)), key=lambda d: -longest[d]):
+        n = len(prepared[d].windows)
+        if runs and (windows + n) * longest[runs[-1][0]] <= max_pieces:
+            runs[-1].append(d)
+            windows += n
+        else:
+            runs.append([d])
+            windows = n
+    return runs
+
+
 def piece_table(words: WordPieces, rows: np.ndarray) -> np.ndarray:
     """The `word_pieces` input: int64 [words, most pieces of a word (at least 1)], row w holding
     rows[p] for word w's pieces p in order, then NO_PIECE."""
@@ -156,17 +179,19 @@ class PieceFeeds:
     """How documents become the graph's inputs: the export's tokenizer and windows, and the map.
 
     `max_length` counts the special tokens and is capped at the model's positions, as both encoders
-    cap it; `batch_size` is windows per run. The export directory is verified as the encoders verify it.
+    cap it; `batch_size` is windows per run, unless `batch_pieces` is set: then a run holds at most
+    that many padded pieces (`piece_batches`). The export directory is verified as the encoders verify it.
     """
 
-    def __init__(self, model_dir: str | os.PathLike, pooling: str, max_length: int, batch_size: int):
+    def __init__(self, model_dir: str | os.PathLike, pooling: str, max_length: int, batch_size: int,
+                 batch_pieces: int | None = None):
         check_pooling(pooling)
         for name, value in (("max_length", max_length), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.model_dir = Path(model_dir)
         self.manifest, self.config = open_export(self.model_dir)
-        self.pooling, self.batch_size = pooling, batch_size
+        self.pooling, self.batch_size, self.batch_pieces = pooling, batch_size, batch_pieces
         self.max_length_requested = max_length
         positions = usable_positions(self.config)
         self.max_length = min(max_length, positions) if positions else max_length
@@ -178,7 +203,11 @@ class PieceFeeds:
 
     def batches(self, prepared: Sequence[DocPieces]) -> list[tuple[list[int], dict[str, np.ndarray]]]:
         """(document indices, the graph's inputs) of each run: documents longest window first (ties
-        in order), at most `batch_size` windows a run unless one document has more."""
+        in order), at most `batch_size` windows a run unless one document has more (or at most
+        `batch_pieces` padded pieces, when set)."""
+        if self.batch_pieces is not None:
+            return [(group, self.feeds([prepared[d] for d in group]))
+                    for group in piece_batches(prepared, self.batch_pieces)]
         order = sorted(range(len(prepared)), key=lambda d: -max(map(len, prepared[d].inputs), default=0))
         groups: list[list[int]] = []
         windows = 0
@@ -281,7 +310,8 @@ class GraphTagger:
         results = [self.session.run([output], inputs)[0] for _, inputs in batches]
         out: list[np.ndarray] = [np.zeros(0)] * len(docs)
         for (group, _), result in zip(batches, results, strict=True):
-            cuts = np.cumsum([prepared[d].words.n_words for d in group])[:-1]
-            for d, part in zip(group, np.split(result, cuts), strict=True):
-                out[d] = part
+            end = 0
+            for d in group:  # slices, not np.split: a view each either way, at a fraction of the cost
+                start, end = end, end + prepared[d].words.n_words
+                out[d] = result[start:end]
         return out
