@@ -186,13 +186,22 @@ def test_distill_records_the_commit_it_read_and_prints_the_pin_to_give(tiny_expo
             assert f"{dataset} read at revision {SHA} (not pinned: put it in the config" in printed
 
 
-def test_several_processes_refuse_an_empty_revision(tmp_path, monkeypatch):
+def test_several_processes_refuse_an_empty_revision(monkeypatch):
     monkeypatch.setitem(sys.modules, "huggingface_hub",
                         types.SimpleNamespace(HfApi=lambda: FakeHub(error=AssertionError("no Hub call"))))
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    from encoder_study.commands import student
-
-    args = types.SimpleNamespace(streams=[{"dataset": "d/x", "revision": "", "configs": {"fra": "f"}}],
-                                 amounts=None)
+    streams = [{"dataset": "d/x", "revision": "", "configs": {"fra": "f"}}]
     with pytest.raises(StudentError, match=r"\['d/x'\]: with several processes every revision must be given"):
-        student._streamed(args, None)
+        data.pin_streams(streams, None, world_size=2)
+
+
+def test_pinned_streams_say_which_commit_the_config_gave():
+    hub = FakeHub()
+    streams = [{"dataset": "d/x", "revision": "", "configs": {"fra": "f"}},
+               {"dataset": "d/y", "revision": SHA.upper(), "configs": {"deu": "g"}},
+               {"dataset": "d/z", "revision": "", "configs": {"eng": "e"}, "local": "stand-ins"}]
+    pinned = data.pin_streams(streams, {"fra": 1.0, "deu": 1.0, "eng": 1.0}, world_size=1, api=hub)
+    assert [(p.source.dataset, p.source.revision, p.given) for p in pinned] == [
+        ("d/x", SHA, False), ("d/y", SHA, True), ("d/z", "", False)]
+    assert hub.calls == ["d/x"]  # only the Hub source without a revision asks for the current commit
+    with pytest.raises(StudentError, match=r"no amount of text given for languages \['eng'\]"):
+        data.pin_streams(streams, {"fra": 1.0, "deu": 1.0}, world_size=1, api=hub)

@@ -42,37 +42,23 @@ def _short(value):
     return f"{value:.4g}" if isinstance(value, float) else value
 
 
-def _streamed(args, frag) -> list:
-    """The streamed corpus's documents, each Hub dataset read at one commit: the config's, or (revision
-    empty) the repository's current one, recorded in the fragment and printed as the pin to give."""
-    from ..student import StudentError, data
-
-    given = [data.StreamSource.from_dict(s) for s in args.streams]
-    if args.amounts is not None:
-        data.check_amounts(given, args.amounts)
-    unpinned = [s.dataset for s in given if s.local is None and not s.revision]
-    if unpinned and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise StudentError(f"{unpinned}: with several processes every revision must be given (each process "
-                           "would read the current commit on its own); run once with student.processes 1, "
-                           "or take the commit from huggingface_hub.HfApi().dataset_info(name).sha")
-    sources = data.resolve_revisions(given)
-    for old, new in zip(given, sources, strict=True):
-        if new.local is not None and frag is not None:  # local stand-ins (config/rehearsal.yaml): hashed
-            frag.inputs += [os.path.join(new.local, f"{c}.jsonl") for c in sorted(new.configs.values())]
-        if new.local is not None or frag is None:
-            continue
-        if old.revision:
-            frag.note(f"{new.dataset}: revision {new.revision} (pinned; the data were read at this commit)")
-            continue
-        frag.note(f"{new.dataset}: revision {new.revision}: the repository's current commit at this run, "
-                  "not pinned; put it in the config (student.corpus.streams[].revision) to make the next "
-                  "run read the same data")
-        print(f"encoder-study student distill: {new.dataset} read at revision {new.revision} (not pinned: "
-              "put it in the config's student.corpus.streams[].revision)", file=sys.stderr)
-    if frag is not None:
-        frag.settings["stream revisions"] = ", ".join(
-            sorted({f"{s.dataset}@{s.revision}" for s in sources if s.local is None}))
-    return list(data.streamed_documents(sources))
+def _stream_notes(frag, pinned) -> None:
+    """The streamed corpus in the fragment: each dataset's commit, and whether the config pinned it (a
+    commit read as the repository's current one is also printed, as the pin to give)."""
+    for p in pinned:
+        local, dataset, revision = p.source.local, p.source.dataset, p.source.revision
+        if local is not None:  # local stand-ins (config/rehearsal.yaml): hashed
+            frag.inputs += [os.path.join(local, f"{c}.jsonl") for c in sorted(p.source.configs.values())]
+        elif p.given:
+            frag.note(f"{dataset}: revision {revision} (pinned; the data were read at this commit)")
+        else:
+            frag.note(f"{dataset}: revision {revision}: the repository's current commit at this run, not "
+                      "pinned; put it in the config (student.corpus.streams[].revision) to make the next run "
+                      "read the same data")
+            print(f"encoder-study student distill: {dataset} read at revision {revision} (not pinned: put it "
+                  "in the config's student.corpus.streams[].revision)", file=sys.stderr)
+    frag.settings["stream revisions"] = ", ".join(
+        sorted({f"{p.source.dataset}@{p.source.revision}" for p in pinned if p.source.local is None}))
 
 
 def distill(args) -> int:
@@ -91,7 +77,11 @@ def distill(args) -> int:
     fragment = provenance.Fragment(args.provenance, shown, threads=threads)
     with fragment if rank_zero else contextlib.nullcontext() as frag:
         if args.streams:
-            documents, amounts = _streamed(args, frag), args.amounts
+            pinned = data.pin_streams(args.streams, args.amounts, int(os.environ.get("WORLD_SIZE", "1")))
+            if frag is not None:
+                _stream_notes(frag, pinned)
+            documents = list(data.streamed_documents([p.source for p in pinned]))
+            amounts = args.amounts
         else:
             documents, amounts = data.embedded_documents(args.tatoeba, args.udhr), None
         rows = library.distill(args.teacher_dir, documents, args.student, training, args.checkpoint, args.out,

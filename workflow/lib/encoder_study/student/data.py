@@ -238,6 +238,35 @@ def _current_commit(dataset: str, api) -> str:
     return found
 
 
+@dataclass(frozen=True)
+class Pinned:
+    """A streamed source at the commit it is read at, and whether the config gave that commit (False:
+    the repository's current one at this run, to be recorded and given as the pin)."""
+
+    source: StreamSource
+    given: bool
+
+
+def pin_streams(streams: Sequence[Mapping], amounts: Mapping[str, float] | None, world_size: int,
+                api=None) -> list[Pinned]:
+    """The streamed corpus's sources from their config rows, each Hub dataset at one commit: the
+    config's, or (revision empty) the repository's current one (`resolve_revisions`).
+
+    Refused before any download: a language that `amounts` (when given) does not size, and an empty
+    revision when `world_size` processes read (each would read the current commit on its own).
+    """
+    given = [StreamSource.from_dict(s) for s in streams]
+    if amounts is not None:
+        check_amounts(given, amounts)
+    unpinned = [s.dataset for s in given if s.local is None and not s.revision]
+    if unpinned and world_size > 1:
+        raise StudentError(f"{unpinned}: with several processes every revision must be given (each process "
+                           "would read the current commit on its own); run once with student.processes 1, "
+                           "or take the commit from huggingface_hub.HfApi().dataset_info(name).sha")
+    return [Pinned(source, bool(old.revision))
+            for old, source in zip(given, resolve_revisions(given, api), strict=True)]
+
+
 def check_amounts(sources: Iterable[StreamSource], amounts: Mapping[str, float]) -> None:
     """Refuse, before any download, a language that the sources stream and `amounts` does not size."""
     missing = sorted({lang for source in sources for lang in source.configs} - set(amounts))
