@@ -14,7 +14,7 @@ from spacy.language import Language
 from spacy.util import load_config
 
 from conftest import ROOT, cli_runner, runner, snakemake_each
-from encoder_study import files
+from encoder_study import deps, files
 from encoder_study.data import conllu
 from encoder_study.data.synthetic import write_synthetic
 from encoder_study.tagging import runs
@@ -272,3 +272,19 @@ def test_the_configs_plan_the_spacy_runs():
     assert "--compare mmbert-finetuned:spacy-sm" in paper
     assert "--run spacy-sm --source train" in plans["rehearsal"].stdout
     assert "tagging spacy-fetch" not in plans["rehearsal"].stdout
+
+
+# The encoders and the training of a tagger: the spaCy runs use none of it.
+ENCODER_CODE = ("tagging/runs.py", "tagging/train.py", "tagging/tagger.py", "tagging/pipeline.py",
+                "frozen.py", "runtime.py", "tokens.py")
+
+
+def test_the_spacy_runs_code_inputs_hold_no_encoder_code():
+    """The rule's code inputs are what the command reaches (deps.code_files): the run's own modules and
+    the scoring it shares with every run, so that editing an encoder or its training does not rerun it."""
+    lib = ROOT / "workflow/lib/encoder_study"
+    found = {Path(p).relative_to(lib).as_posix()
+             for p in deps.code_files(ROOT / "workflow/lib", "encoder_study.commands.tagging", "spacy")}
+    assert {"tagging/spacy.py", "tagging/splits.py", "tagging/evaluate.py", "data/conllu.py"} <= found
+    assert not found & set(ENCODER_CODE), found & set(ENCODER_CODE)
+    assert not [p for p in found if p.startswith(("trainable/", "onnx/", "student/"))], found

@@ -11,6 +11,9 @@ A run directory (results/tagging/<run>/) holds:
 | `history.csv` | step, epoch, train_loss, dev_upos at every development evaluation (trained runs) |
 | `run.json` | run, encoder, mode, pooling, the settings, the selected step and why training stopped |
 
+What every kind of run does with its splits (which it scores, the predictions file and its score, the
+record of each split read) is `splits`'s, which the spaCy runs share.
+
 `gather` reads run directories and writes the combined scores, the paired comparisons and the plot.
 """
 
@@ -23,34 +26,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import files, tables
-from ..data import SPLITS, conllu
+from ..data import conllu
 from ..data.conllu import Sentence
 from ..errors import UserError
 from ..frozen import FrozenEncoder
 from ..trainable.words import TrainableEncoder
 from . import evaluate, pipeline
+from .splits import RUN_JSON, SCORES, pred_path, read_splits, score_split, scored_splits, split_record
 from .tagger import Tagger
 from .train import TrainResult, TrainSettings, autocast, settled, train
 
-RUN_JSON = "run.json"
-SCORES = "scores.csv"
 HISTORY = "history.csv"
 HISTORY_COLUMNS = ["step", "epoch", "train_loss", "dev_upos"]
-SCORED = SPLITS[1:]  # dev and test: every run scores them
 
 
 class RunError(UserError, ValueError):
     """A run directory, predictions file or comparison that does not fit the others given."""
-
-
-def scored_splits(paths: dict[str, str | os.PathLike]) -> tuple[str, ...]:
-    """The splits a run scores: dev, test, then every other name of `paths` but train (the extra test
-    sets, in the order given). Only train trains and only dev selects; the others are scored once."""
-    return (*SCORED, *(name for name in paths if name not in SPLITS))
-
-
-def pred_path(out_dir: str | os.PathLike, split: str) -> Path:
-    return Path(out_dir) / f"{split}.pred.conllu"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,13 +69,6 @@ def build_tagger(model_dir: str | os.PathLike, mode: str, pooling: str, seed: in
     return Tagger(encoder, seed=seed)
 
 
-def score_split(sentences: Sequence[Sentence], predicted: Sequence[Sequence[str]], path: str | os.PathLike,
-                resamples: int, seed: int) -> evaluate.Accuracy:
-    """Write the predictions file and score it: accuracy with its sentence-bootstrap interval."""
-    conllu.write_predictions(sentences, predicted, path)
-    return evaluate.accuracy_interval([s.upos for s in sentences], predicted, resamples=resamples, seed=seed)
-
-
 def history_csv(history: Sequence[dict]) -> str:
     """history.csv text: the floats (epoch, train_loss, dev_upos) as repr, the shortest exact text."""
     return tables.csv_text(history, HISTORY_COLUMNS)
@@ -93,14 +77,6 @@ def history_csv(history: Sequence[dict]) -> str:
 def read_history(path: str | os.PathLike) -> list[tuple[int, float]]:
     """(step, dev_upos) points of a history.csv."""
     return [(int(r["step"]), float(r["dev_upos"])) for r in tables.read_csv(path)]
-
-
-def read_splits(paths: dict[str, str | os.PathLike]) -> dict[str, list[Sentence]]:
-    return {split: conllu.read_conllu(path) for split, path in paths.items()}
-
-
-def split_record(path: str | os.PathLike) -> dict:
-    return {"path": Path(path).as_posix(), "sha256": files.sha256_file(path)}
 
 
 @dataclasses.dataclass

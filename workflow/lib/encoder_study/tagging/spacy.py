@@ -271,14 +271,14 @@ def run(name: str, source: Source, paths: dict[str, str | os.PathLike], out_dir:
 
     `train` trains on paths["train"] and selects on paths["dev"] (`train`); `package` unpacks the wheel.
     The words are tagged by the pipeline as saved under <out_dir>/spacy, reloaded, so that the written
-    pipeline is the one scored. Writes what every run writes (`runs`): predictions, scores, run.json.
+    pipeline is the one scored. Writes what every run writes (`splits`): predictions, scores, run.json.
     """
-    from . import evaluate, runs
+    from . import evaluate, splits
 
     out_dir = Path(out_dir)
-    scored = runs.scored_splits(paths)
+    scored = splits.scored_splits(paths)
     read = ("train", *scored) if source.kind == "train" else scored
-    sentences = runs.read_splits({split: paths[split] for split in read})
+    sentences = splits.read_splits({split: paths[split] for split in read})
     pipeline_dir = out_dir / PIPELINE_DIR
     trained = None
     if source.kind == "train":
@@ -293,17 +293,17 @@ def run(name: str, source: Source, paths: dict[str, str | os.PathLike], out_dir:
     for split in scored:
         tagged = tag(nlp, sentences[split], batch_size)
         not_ud[split] = dict(sorted(tagged.not_ud.items()))
-        scores[split] = runs.score_split(sentences[split], tagged.upos, runs.pred_path(out_dir, split),
-                                         resamples, bootstrap_seed)
+        scores[split] = splits.score_split(sentences[split], tagged.upos, splits.pred_path(out_dir, split),
+                                           resamples, bootstrap_seed)
         rows.append(evaluate.score_row(name, source.encoder, MODE, "none", split, scores[split]))
     record = _record(name, source, nlp, paths, read, not_ud, trained)
     if trained is not None:
         # The saved pipeline, reloaded, must score on dev what selected it during training.
         record["dev_upos_check"] = abs(scores["dev"].upos - trained.best_dev_upos) < 1e-6
-    evaluate.write_scores(out_dir / runs.SCORES, rows)
-    files.write_json(out_dir / runs.RUN_JSON, record)
-    outputs = [runs.pred_path(out_dir, split) for split in scored] + files.list_files(pipeline_dir)
-    outputs += [out_dir / n for n in (runs.SCORES, "scores.md", runs.RUN_JSON)]
+    evaluate.write_scores(out_dir / splits.SCORES, rows)
+    files.write_json(out_dir / splits.RUN_JSON, record)
+    outputs = [splits.pred_path(out_dir, split) for split in scored] + files.list_files(pipeline_dir)
+    outputs += [out_dir / n for n in (splits.SCORES, "scores.md", splits.RUN_JSON)]
     return SpacyRun(rows=rows, outputs=outputs, record=record, trained=trained)
 
 
@@ -312,7 +312,7 @@ def _record(name: str, source: Source, nlp, paths: dict, read: Sequence[str], no
     """run.json of a spaCy run: what every run records, the source, spaCy's version and the pipeline."""
     from importlib import metadata
 
-    from .runs import split_record
+    from .splits import split_record
 
     record = {
         "run": name, "encoder": source.encoder, "mode": MODE, "pooling": "none",
