@@ -22,6 +22,7 @@ from encoder_study.tokens import (
     Doc,
     PieceTokenizer,
     TokenizerError,
+    WordPieces,
     cut_windows,
     nearest_windows,
     word_pieces,
@@ -184,6 +185,65 @@ def test_word_pieces_half_open_overlap():
         assert not got[3].any() and not got[4].any()
     with pytest.raises(ValueError, match=r"pooling must be one of \['mean', 'first'\], got 'max'"):
         mapping.gather("max")
+
+
+def pool_loop(hidden, word, piece, n_words, pooling) -> np.ndarray:
+    """Pooling as a plain loop over (word, piece) pairs in float32: each term piece * float32(1 / count),
+    added left to right; `first` takes a word's first pair."""
+    out = np.zeros((n_words, hidden.shape[1]), np.float32)
+    for w in range(n_words):
+        mine = [p for ww, p in zip(word.tolist(), piece.tolist(), strict=True) if ww == w]
+        if not mine:
+            continue
+        if pooling == "first":
+            out[w] = hidden[mine[0]]
+            continue
+        scale = np.float32(1.0 / len(mine))
+        total = hidden[mine[0]] * scale
+        for p in mine[1:]:
+            total = total + hidden[p] * scale
+        out[w] = total
+    return out
+
+
+def test_pooling_gives_a_plain_loop_s_bytes():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n_pieces, n_words = int(rng.integers(0, 12)), int(rng.integers(0, 10))
+        pairs = sorted({(int(rng.integers(n_words)), int(rng.integers(n_pieces)))
+                        for _ in range(int(rng.integers(0, 25))) if n_words and n_pieces})
+        word = np.array([w for w, _ in pairs], np.int64)
+        piece = np.array([p for _, p in pairs], np.int64)
+        hidden = (rng.standard_normal((n_pieces, 5)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
+        for pooling in ("mean", "first"):
+            got = WordPieces(n_words, word, piece).pool(hidden, pooling)
+            expected = pool_loop(hidden, word, piece, n_words, pooling)
+            assert got.dtype == np.float32 and got.shape == expected.shape
+            assert got.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_joined_pieces_are_each_document_s_pieces_laid_out(tiny_exports, name):
+    tok = PieceTokenizer(tiny_exports[name] / manifest.TOKENIZER_FILE)
+    docs = [DOCS[0], Doc.from_words(long_text(3).split()), Doc("", ()), SPLIT_DOC, Doc.from_words(["\u200b"]),
+            DOCS[3], Doc.from_words(long_text(4).split()), DOCS[4]]
+    alone = [tok.prepare(doc, 16) for doc in docs]
+    joined = tok.prepare_joined(docs, 16)
+    assert sum(len(p.windows) > 2 for p in alone) >= 2  # documents of several windows
+    assert joined.piece_start.tolist() == np.cumsum([0] + [len(p) for p in alone]).tolist()
+    assert joined.ids.tolist() == [i for p in alone for i in p.ids.tolist()]
+    assert [w.tolist() for w in joined.inputs] == [w.tolist() for p in alone for w in p.inputs]
+    first_window = np.cumsum([0] + [len(p.windows) for p in alone])
+    owners = [first_window[d] + k for d, p in enumerate(alone) for k in p.owner.tolist()]
+    assert joined.window.tolist() == owners
+    assert joined.row.tolist() == [r for p in alone for r in p.row.tolist()]
+    assert joined.word_start.tolist() == np.cumsum([0] + [len(doc.words) for doc in docs]).tolist()
+    assert joined.words.n_words == joined.word_start[-1]
+    pairs = [(joined.word_start[d] + w, joined.piece_start[d] + q) for d, p in enumerate(alone)
+             for w, q in zip(p.words.word.tolist(), p.words.piece.tolist(), strict=True)]
+    assert list(zip(joined.words.word.tolist(), joined.words.piece.tolist(), strict=True)) == pairs
+    empty = tok.prepare_joined([], 16)
+    assert not len(empty.ids) and not empty.inputs and empty.word_start.tolist() == [0]
 
 
 # ---------------------------------------------------------------------------------------------------------

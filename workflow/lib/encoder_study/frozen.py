@@ -19,7 +19,7 @@ import numpy as np
 from . import machine, manifest, runtime
 from .errors import UserError
 from .runtime import INPUTS, OPTIMIZATIONS, OUTPUT, usable_positions
-from .tokens import Doc, DocPieces, PieceTokenizer, check_pooling, join_word_pieces
+from .tokens import Doc, PieceTokenizer, check_pooling
 
 RUNS_AT_ONCE = 16  # batches run back to back before their outputs are read (see _run)
 
@@ -142,39 +142,43 @@ class FrozenEncoder:
         for doc in docs:
             if not isinstance(doc, Doc):
                 raise TypeError(f"FrozenEncoder takes encoder_study.tokens.Doc, got {type(doc).__name__}")
-        todo = list(dict.fromkeys(doc for doc in docs if doc not in self._cache))  # equal documents run once
-        if todo:
-            self._run(todo, self.tokenizer.prepare_many(todo, self.max_length))
-        return [self._cache[doc].copy() for doc in docs]  # copies: callers cannot alter the cache
+        # A document hashes its whole text and words: each is looked up once, a new one kept once.
+        found = [self._cache.get(doc) for doc in docs]
+        missing = [i for i, vectors in enumerate(found) if vectors is None]
+        if missing:
+            todo: dict[Doc, int] = {}  # equal documents run once
+            slot = [todo.setdefault(docs[i], len(todo)) for i in missing]
+            fresh = self._run(list(todo))
+            self._cache.update(zip(todo, fresh, strict=True))
+            for i, s in zip(missing, slot, strict=True):
+                found[i] = fresh[s]
+        return [vectors.copy() for vectors in found]  # copies: callers cannot alter the cache
 
-    def _run(self, docs: list[Doc], prepared: list[DocPieces]) -> None:
-        # The piece vectors of all documents, one after another.
-        piece_start = np.cumsum([0] + [len(p) for p in prepared])
-        hidden = np.zeros((int(piece_start[-1]), self.width), np.float32)
-        jobs = [(d, k) for d, p in enumerate(prepared) for k in range(len(p.windows))]
-        jobs.sort(key=lambda job: -len(prepared[job[0]].inputs[job[1]]))  # stable: ties keep call order
-        batches = [jobs[b:b + self.batch_size] for b in range(0, len(jobs), self.batch_size)]
-        lead = len(self.tokenizer.prefix)
+    def _run(self, docs: list[Doc]) -> list[np.ndarray]:
+        """The word vectors of each document, its windows run with every other document's."""
+        joined = self.tokenizer.prepare_joined(docs, self.max_length)
+        sizes = np.fromiter(map(len, joined.inputs), np.int64, len(joined.inputs))
+        order = np.argsort(-sizes, kind="stable")  # longest first; ties keep call order
+        batches = [order[b:b + self.batch_size] for b in range(0, len(order), self.batch_size)]
+        # Each piece's batch and row there, and the pieces grouped by batch.
+        place = np.empty(len(order), dtype=np.int64)
+        place[order] = np.arange(len(order))
+        piece_place = place[joined.window]
+        by_batch = np.argsort(piece_place // self.batch_size, kind="stable")
+        cuts = np.searchsorted(piece_place[by_batch] // self.batch_size, np.arange(len(batches) + 1))
+        hidden = np.empty((len(joined.ids), self.width), np.float32)
         # Runs go back to back, RUNS_AT_ONCE batches before any output is read: our work between runs
         # let ONNX Runtime's threads spin down and pay to wake up (the overhead over a bare session
         # fell by about a third; measured: CHANGELOG.md); the cap bounds memory. Our work cannot hide
         # beside the runs instead: they keep every core busy (measured: CHANGELOG.md).
         for g in range(0, len(batches), RUNS_AT_ONCE):
-            group = batches[g:g + RUNS_AT_ONCE]
-            outs = [self._forward([prepared[d].inputs[k] for d, k in batch]) for batch in group]
-            for batch, out in zip(group, outs, strict=True):
-                for i, (d, k) in enumerate(batch):
-                    pieces = prepared[d]
-                    if len(pieces.windows) == 1:  # the usual case: the window's rows in order, one copy
-                        hidden[piece_start[d]:piece_start[d + 1]] = out[i, lead:lead + len(pieces)]
-                        continue
-                    mine = np.flatnonzero(pieces.owner == k)
-                    hidden[piece_start[d] + mine] = out[i, pieces.row[mine]]
-        # Pool all documents at once, then hand each its rows.
-        vectors = join_word_pieces([p.words for p in prepared], piece_start[:-1]).pool(hidden, self.pooling)
-        word_start = np.cumsum([0] + [p.words.n_words for p in prepared]).tolist()
-        for d, doc in enumerate(docs):
-            self._cache[doc] = vectors[word_start[d]:word_start[d + 1]]
+            outs = [self._forward([joined.inputs[j] for j in batch]) for batch in batches[g:g + RUNS_AT_ONCE]]
+            for b, out in enumerate(outs, start=g):
+                mine = by_batch[cuts[b]:cuts[b + 1]]
+                hidden[mine] = out[piece_place[mine] % self.batch_size, joined.row[mine]]
+        vectors = joined.words.pool(hidden, self.pooling)  # all documents at once
+        cut = joined.word_start.tolist()
+        return [vectors[a:b] for a, b in zip(cut[:-1], cut[1:], strict=True)]
 
     def _forward(self, sequences: list[np.ndarray]) -> np.ndarray:
         """Right-pad the sequences to the longest and run them as one batch."""

@@ -116,21 +116,31 @@ class WordPieces:
 
     def pool(self, hidden: np.ndarray, pooling: str) -> np.ndarray:
         """float32 [n_words, width] word vectors from float32 [n_pieces, width] piece vectors."""
-        word, piece, weight = self.gather(pooling)
-        out = np.zeros((self.n_words, hidden.shape[1]), dtype=np.float32)
-        if not len(word):
+        check_pooling(pooling)
+        hidden = np.asarray(hidden, dtype=np.float32)
+        # Pairs are sorted by word then piece, so each word's pairs are one run, its first piece first.
+        runs = np.flatnonzero(np.diff(self.word, prepend=-1))
+        if len(runs) == self.n_words:  # every word has a piece (the usual case): gathered straight
+            out = hidden[self.piece[runs]]
+        else:
+            out = np.zeros((self.n_words, hidden.shape[1]), dtype=np.float32)
+            out[self.word[runs]] = hidden[self.piece[runs]]
+        if pooling == "first" or not len(runs):
             return out
-        terms = hidden[piece]
-        terms *= weight[:, None]
-        # Pairs are sorted by word, so each word's terms are one run. Sum every run left to right into
-        # its first row, adding the r-th term of all runs at once for r = 1, 2, ...: the order of a
-        # plain loop over the pairs (np.add.reduceat, being pairwise, can differ in the last bit).
-        runs = np.flatnonzero(np.diff(word, prepend=-1))
-        lengths = np.diff(runs, append=len(word))
+        # The mean as sum(piece * (1 / count)), summed left to right: the r-th term of every longer word
+        # is added at once for r = 1, 2, ..., the order of a plain loop over the pairs (np.add.reduceat,
+        # being pairwise, can differ in the last bit). A lone piece keeps its vector (x * 1 is x).
+        lengths = np.diff(runs, append=len(self.word))
+        longer = np.flatnonzero(lengths > 1)
+        if not len(longer):
+            return out
+        rows = self.word[runs[longer]]
+        weight = (1.0 / lengths[longer]).astype(np.float32)[:, None]
+        out[rows] *= weight
         for r in range(1, int(lengths.max())):
-            longer = runs[lengths > r]
-            terms[longer] += terms[longer + r]
-        out[word[runs]] = terms[runs]
+            more = lengths[longer] > r
+            longer, rows, weight = longer[more], rows[more], weight[more]
+            out[rows] += hidden[self.piece[runs[longer] + r]] * weight
         return out
 
 
@@ -169,27 +179,36 @@ def word_pieces(offsets: np.ndarray, words: Sequence[tuple[int, int]]) -> WordPi
 
 def word_pieces_many(offsets: Sequence[np.ndarray],
                      words: Sequence[Sequence[tuple[int, int]]]) -> list[WordPieces]:
-    """`word_pieces` of several documents, mapped at once.
-
-    The (non-negative) character ranges of document d are moved by d * extent, past every range of the
-    documents before it, so that no piece of one overlaps a word of another; the pairs found are then
-    cut back into documents.
-    """
+    """`word_pieces` of several documents, mapped at once (`word_pieces_joined`), cut back into documents."""
     n_pieces = [len(o) for o in offsets]
-    n_words = [len(w) for w in words]
-    joined_offsets = np.concatenate([np.zeros((0, 2), np.int64), *offsets])
-    spans = np.fromiter(chain.from_iterable(chain.from_iterable(words)), np.int64, 2 * sum(n_words))
-    extent = 1 + max(int(joined_offsets.max(initial=0)), int(spans.max(initial=0)))
-    shift = np.arange(len(offsets), dtype=np.int64) * extent
-    joined_offsets += np.repeat(shift, n_pieces)[:, None]
-    if not _in_text_order(joined_offsets):  # map each document on its own, in order or not
-        return [word_pieces(o, w) for o, w in zip(offsets, words, strict=True)]
-    joined = _word_pieces_in_order(joined_offsets, spans.reshape(-1, 2) + np.repeat(shift, n_words)[:, None])
     piece_start = np.cumsum([0] + n_pieces)
+    joined = word_pieces_joined(np.concatenate([np.zeros((0, 2), np.int64), *offsets]), piece_start, words)
+    n_words = [len(w) for w in words]
     word_start = np.cumsum([0] + n_words)
     cuts = np.searchsorted(joined.word, word_start)  # each document's pairs, as its words, are one run
     return [WordPieces(n_words[d], joined.word[cuts[d]:cuts[d + 1]] - word_start[d],
                        joined.piece[cuts[d]:cuts[d + 1]] - piece_start[d]) for d in range(len(n_words))]
+
+
+def word_pieces_joined(offsets: np.ndarray, piece_start: np.ndarray,
+                       words: Sequence[Sequence[tuple[int, int]]]) -> WordPieces:
+    """`word_pieces` of several documents laid one after another, as `join_word_pieces` lays them:
+    `offsets` [n_pieces, 2] holds document d's pieces from piece_start[d], words are numbered on.
+
+    The (non-negative) character ranges of document d are moved by d * extent, past every range of the
+    documents before it, so that no piece of one overlaps a word of another, and mapped at once.
+    """
+    n_pieces = np.diff(piece_start)
+    n_words = [len(w) for w in words]
+    spans = np.fromiter(chain.from_iterable(chain.from_iterable(words)), np.int64, 2 * sum(n_words))
+    extent = 1 + max(int(offsets.max(initial=0)), int(spans.max(initial=0)))
+    shift = np.arange(len(n_words), dtype=np.int64) * extent
+    moved = offsets + np.repeat(shift, n_pieces)[:, None]
+    if not _in_text_order(moved):  # map each document on its own, in order or not
+        cuts = piece_start.tolist()
+        parts = [word_pieces(offsets[a:b], w) for a, b, w in zip(cuts[:-1], cuts[1:], words, strict=True)]
+        return join_word_pieces(parts, cuts[:-1])
+    return _word_pieces_in_order(moved, spans.reshape(-1, 2) + np.repeat(shift, n_words)[:, None])
 
 
 def _in_text_order(offsets: np.ndarray) -> bool:
@@ -249,6 +268,26 @@ class DocPieces:
         return len(self.ids)
 
 
+@dataclass(frozen=True, eq=False)
+class JoinedPieces:
+    """Many documents ready to run, in flat arrays: `prepare_many`'s DocPieces laid one after another,
+    for callers that run all windows together (per-document numpy calls on short documents cost more
+    than the work). Windows are numbered across documents, each document's in order.
+
+    After running window j to hidden states out_j [len(inputs[j]), width], piece p (numbered across
+    documents) has the vector out_{window[p]}[row[p]]; `words` pools pieces into words numbered across
+    documents, document d's words from word_start[d].
+    """
+
+    ids: np.ndarray                 # int64 [n_pieces], no specials
+    piece_start: np.ndarray         # int64 [docs + 1]: where each document's pieces start in ids
+    inputs: tuple[np.ndarray, ...]  # int64 ids of each window, specials included
+    window: np.ndarray              # int64 [n_pieces]: the window a piece is read from
+    row: np.ndarray                 # int64 [n_pieces]: its row in that window's output
+    words: WordPieces
+    word_start: np.ndarray          # int64 [docs + 1]
+
+
 class PieceTokenizer:
     """A `tokenizers` tokenizer.json that encodes whole texts to pieces with character offsets.
 
@@ -300,14 +339,21 @@ class PieceTokenizer:
 
     def encode_many(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         """`encode` of each text, the texts encoded together (in parallel, the GIL released)."""
+        ids, offsets, piece_start = self.encode_joined(texts)
+        cuts = piece_start.tolist()
+        return [(ids[a:b], offsets[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+    def encode_joined(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`encode_many` laid one after another: (ids int64 [n], offsets int64 [n, 2], piece_start
+        int64 [texts + 1]), text t's pieces from piece_start[t]."""
         encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
         # Converted all at once: many small conversions cost more than the encoding.
-        n_pieces = [len(e.ids) for e in encodings]
-        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, sum(n_pieces))
+        n_pieces = [len(e) for e in encodings]
+        total = sum(n_pieces)
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encodings), np.int64, total)
         offsets = np.fromiter(chain.from_iterable(chain.from_iterable(e.offsets for e in encodings)),
-                              np.int64, 2 * sum(n_pieces)).reshape(-1, 2)
-        cuts = np.cumsum([0] + n_pieces).tolist()
-        return [(ids[a:b], offsets[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+                              np.int64, 2 * total).reshape(-1, 2)
+        return ids, offsets, np.cumsum([0] + n_pieces)
 
     def wrap(self, ids: np.ndarray) -> np.ndarray:
         """The ids with the special tokens around them: what the model sees for one window."""
@@ -347,6 +393,55 @@ class PieceTokenizer:
             ids=ids, offsets=offsets, windows=windows,
             inputs=tuple(self.wrap(ids[start:end]) for start, end in windows),
             owner=owner, row=row, words=words)
+
+
+    def prepare_joined(self, docs: Sequence[Doc], max_length: int) -> JoinedPieces:
+        """What `prepare_many` gives, in flat arrays over all documents (JoinedPieces)."""
+        size = self.window_size(max_length)
+        ids, offsets, piece_start = self.encode_joined([doc.text for doc in docs])
+        words = word_pieces_joined(offsets, piece_start, [doc.words for doc in docs])
+        n_pieces = np.diff(piece_start)
+        n_windows = (n_pieces > 0).astype(np.int64)  # a document that fits is one window, an empty one none
+        long = {int(d): cut_windows(int(n_pieces[d]), size) for d in np.flatnonzero(n_pieces > size)}
+        for d, windows in long.items():
+            n_windows[d] = len(windows)
+        first = np.cumsum(n_windows) - n_windows  # each document's first window
+        window_start = np.repeat(piece_start[:-1], n_windows)
+        window_size = np.repeat(n_pieces, n_windows)
+        window = np.repeat(first, n_pieces)
+        row = np.arange(len(ids), dtype=np.int64) - np.repeat(piece_start[:-1], n_pieces) + len(self.prefix)
+        for d, windows in long.items():  # as _assemble reads a document of several windows
+            starts = np.asarray([start for start, _ in windows], dtype=np.int64)
+            at = slice(first[d], first[d] + len(windows))
+            window_start[at] = piece_start[d] + starts
+            window_size[at] = [end - start for start, end in windows]
+            owner = nearest_windows(int(n_pieces[d]), windows)
+            mine = slice(piece_start[d], piece_start[d + 1])
+            window[mine] = first[d] + owner
+            row[mine] = np.arange(n_pieces[d]) - starts[owner] + len(self.prefix)
+        word_start = np.cumsum([0] + [len(doc.words) for doc in docs])
+        return JoinedPieces(ids, piece_start, self._wrap_windows(ids, window_start, window_size),
+                            window, row, words, word_start)
+
+    def _wrap_windows(self, ids: np.ndarray, window_start: np.ndarray,
+                      window_size: np.ndarray) -> tuple[np.ndarray, ...]:
+        """`wrap` of every window ids[window_start[j]:window_start[j] + window_size[j]], written into one
+        array at once: views of it."""
+        lead = len(self.prefix)
+        length = window_size + self.n_specials
+        at = np.cumsum(length) - length  # where each wrapped window starts
+        out = np.empty(int(length.sum()), dtype=np.int64)
+        for i, token in enumerate(self.prefix):
+            out[at + i] = token
+        for i, token in enumerate(self.suffix):
+            out[at + lead + window_size + i] = token
+        # Piece t of window j: from window_start[j] + t to at[j] + lead + t, all windows at once.
+        before = np.cumsum(window_size) - window_size
+        k = np.arange(int(window_size.sum()), dtype=np.int64)
+        source = k + np.repeat(window_start - before, window_size)
+        out[k + np.repeat(at + lead - before, window_size)] = ids[source]
+        ends = (at + length).tolist()
+        return tuple(out[a:b] for a, b in zip(at.tolist(), ends, strict=True))
 
 
 def _find(haystack: Sequence[int], needle: Sequence[int]) -> int:
