@@ -230,6 +230,14 @@ def test_a_pieces_budget_pools_as_the_modules_do(models, tmp_path):
     assert len(tagging_graph.piece_batches(prepared, 40)) > 2  # several runs, one over the budget
     ours = np.concatenate(graph.logits(documents))
     assert np.abs(ours - reference).max() < 1e-5
+    # The speed table's passes: documents of several windows, so one call per planned batch ...
+    planned = writeback.speed_batches(graph, documents, 40)
+    assert planned["calls"] == planned["batches"] and len(planned["batches"]) > 2
+    assert sum(planned["lengths"]) <= sum(planned["padded"])
+    # ... and one call for one-window documents: the modules then plan the same batches themselves.
+    short = [d for d, p in zip(documents, prepared, strict=True) if len(p.windows) == 1]
+    planned = writeback.speed_batches(graph, short, 40)
+    assert planned["calls"] == [short] and len(planned["batches"]) > 1
 
 
 def _windows(*lengths_of_docs):

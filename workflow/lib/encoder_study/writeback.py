@@ -56,7 +56,7 @@ COMPARISONS = ("written graph vs modules", "export graph vs modules", "written p
 AGREEMENT_COLUMNS = ["run", "encoder", "split", "tokens", "sentences", "differing_tokens", "upos", "ci_low",
                      "ci_high", "upos_inline", "resamples", "seed"]
 SPEED_COLUMNS = ["run", "encoder", "threads", "sentences", "tokens", "pieces", "padded_pieces",
-                 "batch_pieces", "batches", "repeats", "modules_tok_s", "graph_tok_s", "ratio",
+                 "batch_pieces", "batches", "calls", "repeats", "modules_tok_s", "graph_tok_s", "ratio",
                  "modules_tok_s_min", "modules_tok_s_max", "graph_tok_s_min", "graph_tok_s_max",
                  "modules_repeats", "graph_repeats", "modules_seconds", "graph_seconds", "gflop",
                  "modules_gflops", "graph_gflops", "gemm_gflops", "modules_fraction_of_gemm",
@@ -411,33 +411,41 @@ def agreement_markdown(rows: list[dict]) -> str:
 
 # -- speed ----------------------------------------------------------------------------------------------
 
-def _tag_all(tagger, batches) -> None:
-    """One pass: tag every batch, nothing cached from an earlier pass."""
+def _tag_all(tagger, calls) -> None:
+    """One pass: tag the documents of each call, nothing cached from an earlier pass."""
     if hasattr(tagger.encoder, "clear_cache"):
         tagger.encoder.clear_cache()  # a /2 file's frozen encoder keeps each document's vectors
-    for batch in batches:
-        tagger.predict_ids(batch, batch_words=sys.maxsize)  # one forward (graph: one run) per batch
+    for docs in calls:
+        tagger.predict_ids(docs, batch_words=sys.maxsize)  # every batch of the call: one forward (run) each
 
 
 def speed_batches(graph, docs: list, batch_pieces: int) -> dict:
     """The batches both paths tag, as a pipeline tags a file: the documents cut as both encoders cut
     them, longest window first, each batch as many as fit `batch_pieces` padded pieces
-    (`tagging.graph.piece_batches`); with the windows' lengths (the counted work) and the padding."""
+    (`tagging.graph.piece_batches`); with the windows' lengths (the counted work) and the padding.
+
+    `calls`: what a pass hands each path. All documents at once where both plan these batches
+    themselves from the budget (every document one window, none over the budget: the modules'
+    `trainable.words.plan_batches` then groups as `piece_batches`), so that each tokenises the whole
+    set once and runs its batches back to back, as a pipeline tagging a file does; else one call per
+    batch."""
     feeds = graph.encoder
     prepared = feeds.tokenizer.prepare_many(docs, feeds.max_length)
     groups = tagging_graph.piece_batches(prepared, batch_pieces)
     lengths = [len(window) for doc in prepared for window in doc.inputs]
     padded = [sum(len(prepared[d].inputs) for d in g) * max(len(w) for d in g for w in prepared[d].inputs)
               for g in groups]
-    return {"batches": [[docs[d] for d in g] for g in groups], "lengths": lengths, "padded": padded}
+    batches = [[docs[d] for d in g] for g in groups]
+    whole = all(len(doc.inputs) == 1 for doc in prepared) and max(lengths, default=0) <= batch_pieces
+    return {"batches": batches, "lengths": lengths, "padded": padded,
+            "calls": [docs] if whole else batches, "budget": max([batch_pieces, *padded])}
 
 
-def _one_call_each(modules, graph, planned: dict, batch_pieces: int) -> None:
-    """Budgets that hold every planned batch: one forward of the modules and one run of the graph per
-    batch (a document over the budget is a batch alone, and sets the budget)."""
-    budget = max([batch_pieces, *planned["padded"]])
-    modules.encoder.max_batch_pieces = budget  # plans the same longest-first batch within a call
-    graph.encoder.batch_pieces = budget
+def _budgets(modules, graph, planned: dict) -> None:
+    """Both paths' budgets: the planned batches, one forward of the modules and one run of the graph
+    each (a document over the budget is a batch alone, and sets the budget)."""
+    modules.encoder.max_batch_pieces = planned["budget"]  # plans the same longest-first batches
+    graph.encoder.batch_pieces = planned["budget"]
 
 
 def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, sentences, batch_pieces: int,
@@ -460,23 +468,24 @@ def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, 
     modules = pipeline.load(inline, threads=max(thread_counts))
     graph = pipeline.load(written, threads=thread_counts[0])  # ONNX Runtime's intra-op threads
     planned = speed_batches(graph, docs, batch_pieces)
-    batches = planned["batches"]
+    calls = planned["calls"]
     flops = perf.encoder_flops(perf.Shape.from_config(graph.encoder.config), planned["lengths"])
     shape = {"run": run, "encoder": _encoder_name(graph), "sentences": len(docs), "tokens": tokens,
              "pieces": sum(planned["lengths"]), "padded_pieces": sum(planned["padded"]),
-             "batch_pieces": batch_pieces, "batches": len(batches), "gflop": flops / 1e9}
+             "batch_pieces": batch_pieces, "batches": len(planned["batches"]), "calls": len(calls),
+             "gflop": flops / 1e9}
     rows = []
     for threads in thread_counts:
         if graph.threads_requested != threads:
             graph = None  # one session at a time: the study's graphs are large
             graph = pipeline.load(written, threads=threads)
-        _one_call_each(modules, graph, planned, batch_pieces)
+        _budgets(modules, graph, planned)
         torch_threads(threads)
         if threads not in probes:
             probes[threads] = perf.Probe.beside(threads, min_seconds)  # the limit, taking turns with the two
         probe = probes[threads]
-        times = perf.measure({"modules": lambda: _tag_all(modules, batches),
-                              "graph": lambda g=graph: _tag_all(g, batches)},
+        times = perf.measure({"modules": lambda: _tag_all(modules, calls),
+                              "graph": lambda g=graph: _tag_all(g, calls)},
                              min_seconds, min_repeats=repeats, warmup=warmup,
                              block_seconds=perf.BLOCK_SECONDS, probe=probe)
         rows.append({**shape, "threads": threads, **_speed_cells(times, tokens, flops, probe.rate(times))})
