@@ -7,6 +7,7 @@ import pytest
 
 from conftest import TINY, runner
 from encoder_study import compare, parity, parity_tables, tables
+from encoder_study.errors import UserError
 
 run = runner("parity")
 
@@ -64,6 +65,27 @@ def test_latency_rows(tiny_exports, models_dir):
         assert r["gflops"] == pytest.approx(r["gflop"] / (r["median_ms"] / 1e3))
         assert r["fraction_of_gemm"] == pytest.approx(r["gflops"] / r["gemm_gflops"])
     assert rows[2]["gflop"] == pytest.approx(2 * rows[0]["gflop"])  # twice the sequences
+
+
+def test_the_latency_command_times_each_model_to_its_own_csv(tiny_exports, models_dir, tmp_path):
+    args, outs = [], {}
+    for name in ("xlmr-tiny", "bert-tiny"):  # the rows follow the order of --model, not the names'
+        outs[name] = tmp_path / "latency" / f"{name}.csv"
+        args += ["--model", str(tiny_exports[name]), str(models_dir / "sources" / name / "source.json"),
+                 "--out", str(outs[name])]
+    common = ["--threads", "1", "--batches", "1,2", "--seq-len", "8", "--warmup", "0", "--runs", "2",
+              "--min-seconds", "0", "--provenance", str(tmp_path / "prov/parity/parity_latency.md")]
+    assert run("latency", *args, *common) == 0
+    for name, out in outs.items():
+        rows = tables.read_csv(out)
+        assert [(r["model"], r["runtime"], r["batch"]) for r in rows] == [
+            (name, runtime, batch) for batch in "12" for runtime in ("onnxruntime", "pytorch")]
+        assert all(float(r["gemm_gflops"]) > 0 and r["load_before"] for r in rows)
+    fragment = (tmp_path / "prov/parity/parity_latency.md").read_text()
+    assert fragment.index("xlmr-tiny") < fragment.index("bert-tiny") and "GEMM probe at 1 thread" in fragment
+    # one --out per --model
+    with pytest.raises(UserError, match="one --out per --model"):
+        run("latency", *args[:-2], *common)
 
 
 def test_commands_write_rows_table_plot_and_fragments(tiny_exports, models_dir, tmp_path):

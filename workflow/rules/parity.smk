@@ -118,16 +118,22 @@ rule parity_trainable:
         " --out {output.rows:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
+LATENCY_ROWS = "results/parity/latency/{model}.csv"
+
+
+# Every model in one job: one Python start, one import of transformers, one GEMM probe calibration, and
+# each model's rows to its own CSV (the gather below joins them).
 rule parity_latency:
     input:
-        **PARITY_MODEL,
+        model=expand(PARITY_MODEL["model"], model=MODELS),
+        source=expand(PARITY_MODEL["source"], model=MODELS),
         code=lib_code("parity", "latency"),
     output:
-        rows=report("results/parity/latency/{model}.csv", caption="../report/parity/latency_row.rst",
-                    category="parity", subcategory="{model}"),
-        prov=prov("parity", "parity_latency", "{model}"),
+        rows=expand(LATENCY_ROWS, model=MODELS),
+        prov=prov("parity", "parity_latency"),
     params:
-        model_dir=lambda wc, input: Path(input.model[0]).parent,
+        models=" ".join(f"{model_option(m)} --out {shlex.quote(expand(LATENCY_ROWS, model=m)[0])}"
+                        for m in MODELS),
         threads=config["parity"]["latency_threads"],
         batches=",".join(str(b) for b in config["parity"]["latency_batches"]),
         seq_len=config["parity"]["latency_seq_len"],
@@ -138,17 +144,16 @@ rule parity_latency:
     # the config's threads and a node of its own (common.smk, timed_threads).
     threads: timed_threads("parity_latency", config["parity"]["latency_threads"])
     log:
-        "logs/parity/parity_latency-{model}.log",
+        "logs/parity/parity_latency.log",
     benchmark:
-        "results/benchmarks/parity_latency/{model}.tsv"
+        "results/benchmarks/parity_latency.tsv"
     resources: **resources_of("parity_latency")
     conda:
         CONDA_ENV
     shell:
-        "encoder-study parity latency --model-dir {params.model_dir:q}"
-        " --source {input.source:q} --threads {params.threads} --batches {params.batches}"
+        "encoder-study parity latency {params.models} --threads {params.threads} --batches {params.batches}"
         " --seq-len {params.seq_len} --warmup {params.warmup} --runs {params.runs}"
-        " --min-seconds {params.min_seconds} --out {output.rows:q} --provenance {output.prov:q} > {log:q} 2>&1"
+        " --min-seconds {params.min_seconds} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 # One gather per table, each with only its own rows as inputs: the latency table waits on the timed
@@ -194,7 +199,7 @@ rule parity_table_trainable:
 
 rule parity_table_latency:
     input:
-        rows=expand(rules.parity_latency.output.rows, model=MODELS),
+        rows=rules.parity_latency.output.rows,
         code=lib_code("parity", "table"),
     output:
         table=report("results/parity/latency.csv", caption="../report/parity/latency_table.rst",
@@ -219,7 +224,7 @@ register("parity", [prov("parity", "parity_fetch", Path(text_source(name)).name)
          + [rules.parity_table_inference.output.prov]
          + expand(rules.parity_trainable.output.prov, model=MODELS)
          + [rules.parity_table_trainable.output.prov]
-         + expand(rules.parity_latency.output.prov, model=MODELS)
+         + [rules.parity_latency.output.prov]
          + [rules.parity_table_latency.output.prov])
 
 

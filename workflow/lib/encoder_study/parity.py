@@ -2,20 +2,21 @@
 
 Parity runs one text per call and compares every token's hidden state; a padded batch of 8 is
 also compared with the same texts run alone. Latency times both runtimes on the same inputs.
-The `*_rows` functions write one model's rows (results/parity/<table>/<model>.csv);
-parity_tables gathers them into the tables.
+The `*_rows` functions write each model's rows (results/parity/<table>/<model>.csv; latency times
+every model in one job); parity_tables gathers them into the tables.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import compare, files, machine, manifest, perf
-from .parity_tables import Report, write_rows
+from .parity_tables import Report, markdown, write_rows
 from .runtime import OUTPUT, ort_session, pad_batch
 
 
@@ -158,25 +159,42 @@ def trainable_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike,
     return report
 
 
-def latency_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike, threads: int,
-                 batches: tuple[int, ...], seq_len: int, warmup: int, runs: int, min_seconds: float,
-                 out: str | os.PathLike) -> Report:
-    """The model's rows of the latency table to `out` (CSV), with the machine's load around them."""
+def latency_rows(models: Sequence[tuple[str | os.PathLike, str | os.PathLike, str | os.PathLike]],
+                 threads: int, batches: tuple[int, ...], seq_len: int, warmup: int, runs: int,
+                 min_seconds: float) -> Report:
+    """Each model's rows of the latency table to its CSV: `models` holds (model dir, source.json, out)
+    triples, timed one after another in one process, beside one GEMM probe calibrated once for all (the
+    cells share the threads); each model's rows carry the machine's load around its own cells."""
     threads = machine.torch_threads(threads)
-    report = Report("Latency", "", inputs=model_inputs(model_dir, source_json))
+    report = Report("Latency", "")
+    probe = perf.Probe.beside(threads, min_seconds)
+    everything = []
+    for model_dir, source_json, out in models:
+        report.inputs += model_inputs(model_dir, source_json)
+        rows, load = _model_latency(model_dir, source_json, threads, batches, seq_len, warmup, runs,
+                                    min_seconds, probe)
+        write_rows("latency", rows, out)
+        report.outputs.append(out)
+        report.notes.append(f"{rows[0]['model']}: load average (1, 5, 15 min) before: {load[0]}; after: "
+                            f"{load[1]}")
+        everything += rows
+    report.notes.append(f"Each cell: at least {runs} calls and {min_seconds:g} s of calls per runtime, "
+                        "taking turns. Indicative timings on a possibly shared machine, not a gated result.")
+    report.notes += probe.notes()
+    report.notes += [f"{r['model']}, {r['runtime']}, batch {r['batch']}: {r['fraction_of_gemm']:.2f} of "
+                     f"GEMM, {r['limit_note']}" for r in everything if r["limit_note"]]
+    report.markdown = markdown("latency", everything)
+    return report
+
+
+def _model_latency(model_dir, source_json, threads, batches, seq_len, warmup, runs, min_seconds,
+                   probe) -> tuple[list[dict], tuple[str, str]]:
+    """One model's latency rows and the load average before and after its cells. Its models are
+    released on return, so that a job timing several holds one at a time."""
     pair = compare.Pair.load(model_dir, source_json)
     before = machine.load_average()
-    probe = perf.Probe.beside(threads, min_seconds)
     rows = latency(pair, threads, batches, seq_len, warmup, runs, min_seconds, probe=probe)
     after = machine.load_average()
     for row in rows:
         row.update(load_before=before.split()[0], load_after=after.split()[0])
-    report.notes.append(f"load average (1, 5, 15 min) before: {before}; after: {after}. Each cell: at "
-                        f"least {runs} calls and {min_seconds:g} s of calls per runtime, taking turns. "
-                        "Indicative timings on a possibly shared machine, not a gated result.")
-    report.notes += probe.notes()
-    report.notes += [f"{r['runtime']}, batch {r['batch']}: {r['fraction_of_gemm']:.2f} of GEMM, "
-                     f"{r['limit_note']}" for r in rows if r["limit_note"]]
-    report.markdown = write_rows("latency", rows, out)
-    report.outputs.append(out)
-    return report
+    return rows, (before, after)

@@ -9,8 +9,9 @@
         --out results/parity/inference/minilm.csv --diffs results/parity/inference/minilm.npy ...
     encoder-study parity trainable --model-dir D --source S --texts T --threads 2 \\
         --out results/parity/trainable/minilm.csv ...
-    encoder-study parity latency --model-dir D --source S --threads 8 --batches 1,8 --seq-len 64 \\
-        --warmup 3 --runs 20 --min-seconds 2 --out results/parity/latency/minilm.csv ...
+    encoder-study parity latency --model results/models/minilm results/sources/minilm/source.json \\
+        --out results/parity/latency/minilm.csv --model D2 S2 --out O2 --threads 8 --batches 1,8 \\
+        --seq-len 64 --warmup 3 --runs 20 --min-seconds 2 ...
     encoder-study parity table --kind inference --out results/parity/inference.csv \\
         --markdown results/parity/inference.md --plot results/parity/inference.png ... PARTS...
 
@@ -73,11 +74,10 @@ def _add_text_commands(sub) -> None:
 
 
 def _add_model_commands(sub) -> None:
-    """inference, trainable, latency: one model's rows."""
+    """inference, trainable: one model's rows; latency: each model's rows, in one process."""
     for name, run, help_ in (
             ("inference", inference, "ONNX Runtime against PyTorch, one model, every token"),
-            ("trainable", trainable, "the trainable modules against PyTorch and ONNX Runtime, one model"),
-            ("latency", latency, "time both runtimes on the same inputs, one model")):
+            ("trainable", trainable, "the trainable modules against PyTorch and ONNX Runtime, one model")):
         p = sub.add_parser(name, help=help_)
         provenance.add_arguments(p)
         p.set_defaults(run=run)
@@ -85,11 +85,18 @@ def _add_model_commands(sub) -> None:
         p.add_argument("--source", required=True, help="results/sources/<model>/source.json")
         p.add_argument("--threads", type=int, required=True)
         p.add_argument("--out", required=True, help="the model's CSV row(s)")
-        if name != "latency":
-            p.add_argument("--texts", required=True, help="results/texts/parity_texts.jsonl")
+        p.add_argument("--texts", required=True, help="results/texts/parity_texts.jsonl")
     sub.choices["inference"].add_argument("--diffs", required=True,
                                           help=".npy of per-token max abs differences")
-    p = sub.choices["latency"]
+    # One process for every model: one start, one import of transformers, one GEMM probe calibration.
+    p = sub.add_parser("latency", help="time both runtimes on the same inputs, each model in turn")
+    provenance.add_arguments(p)
+    p.set_defaults(run=latency)
+    p.add_argument("--model", nargs=2, action="append", required=True, metavar=("MODEL_DIR", "SOURCE_JSON"),
+                   help="results/models/<m> results/sources/<m>/source.json; repeat for more models")
+    p.add_argument("--out", action="append", required=True,
+                   help="each model's CSV rows, in the order of --model (one --out per --model)")
+    p.add_argument("--threads", type=int, required=True)
     p.add_argument("--batches", required=True, help="comma-separated batch sizes, e.g. 1,8")
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--warmup", type=int, required=True)
@@ -170,12 +177,17 @@ def trainable(args) -> int:
 
 def latency(args) -> int:
     from .. import machine, parity
+    from ..errors import UserError
 
+    if len(args.out) != len(args.model):
+        raise UserError(f"parity latency: {len(args.model)} --model but {len(args.out)} --out; give one "
+                        "--out per --model, in the same order")
     threads = machine.usable_threads(args.threads)
     batches = tuple(int(b) for b in args.batches.split(","))
+    models = [(model_dir, source, out) for (model_dir, source), out in zip(args.model, args.out, strict=True)]
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
-        _record(frag, parity.latency_rows(args.model_dir, args.source, threads, batches, args.seq_len,
-                                          args.warmup, args.runs, args.min_seconds, args.out))
+        _record(frag, parity.latency_rows(models, threads, batches, args.seq_len, args.warmup, args.runs,
+                                          args.min_seconds))
     return 0
 
 
