@@ -431,6 +431,8 @@ def test_step_time_rows_for_both_implementations(tiny_exports, models_dir, tmp_p
     assert list(table[0]) == COLUMNS and [r["implementation"] for r in table] == list(IMPLEMENTATIONS)
     assert {r["device"] for r in table} == {"cuda" if torch.cuda.is_available() else "cpu"}
     assert np.isfinite([float(r["total_s"]) for r in table]).all()
+    if not torch.cuda.is_available():  # the GEMM probe the rows were read against, in the fragment
+        assert (tmp_path / "prov" / "tagging_step_time.md").read_text().count("GEMM probe at 1 thread") == 1
     with pytest.raises(StepTimeError, match="describes another source"):
         run("step-time", "--model", str(tiny_exports["bert-tiny"]),
             str(models_dir / "sources" / "xlmr-tiny" / "source.json"), "--out", str(out), *timing,

@@ -566,7 +566,7 @@ def per_tag(args) -> int:
 
 
 def step_time(args) -> int:
-    from .. import files, machine, manifest
+    from .. import files, machine, manifest, perf
     from ..tables import csv_text
     from ..tagging import steptime
     from ..trainable.harness import resolve_device
@@ -576,11 +576,13 @@ def step_time(args) -> int:
     out, markdown_path = Path(args.out), Path(args.out).with_suffix(".md")
     with provenance.Fragment(args.provenance, _settings(args), threads=threads) as frag:
         rows, before = [], machine.load_average()
+        # One GEMM probe for every model's steps (the same threads): one calibration. None on a GPU.
+        probe = perf.Probe.beside(threads, args.min_seconds) if device == "cpu" else None
         for model_dir, source in args.model:
             frag.inputs += [source, *(Path(model_dir) / n for n in (manifest.ONNX_FILE, manifest.MANIFEST))]
             rows += steptime.step_time(model_dir, source, batch=args.batch, length=args.length,
                                        warmup=args.warmup, steps=args.steps, lr=args.lr, seed=args.seed,
-                                       min_seconds=args.min_seconds, device=device)
+                                       min_seconds=args.min_seconds, device=device, probe=probe)
         files.write_text(out, csv_text(rows, steptime.COLUMNS))  # repr floats, fixed columns
         markdown = steptime.markdown(rows)
         files.write_text(markdown_path, markdown)
@@ -591,6 +593,8 @@ def step_time(args) -> int:
                   f"implementation (the two taking turns) after {args.warmup} warm-up step(s); batch "
                   f"{args.batch} x {args.length} pieces; AdamW lr {args.lr}; token table frozen in both; "
                   f"load average before: {before}, after: {machine.load_average()}; indicative timings")
+        for note in probe.notes() if probe else []:
+            frag.note(note)
     return 0
 
 
