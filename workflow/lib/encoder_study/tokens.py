@@ -17,6 +17,8 @@ The steps for one document:
 
 `PieceTokenizer.prepare_many` does the same for many documents at once (one batch encode, one word
 mapping over all of them): on short documents, per-document numpy calls cost more than the work.
+`PieceTokenizer.prepare_joined` gives the same in flat arrays over all documents (`JoinedPieces`), for
+a caller that runs every window of a call together (the frozen encoder).
 """
 
 from __future__ import annotations
