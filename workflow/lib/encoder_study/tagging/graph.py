@@ -227,10 +227,13 @@ class PieceFeeds:
         input_ids, mask = runtime.pad_batch(windows, self.pad_id)
         length = input_ids.shape[1]
         first_window = np.cumsum([0] + [len(doc.windows) for doc in group])
-        # Piece p of document i is read from window owner[p] at position row[p]: that row of the batch.
-        rows = np.concatenate([np.zeros(0, np.int64)] + [(first_window[i] + doc.owner) * length + doc.row
-                                                          for i, doc in enumerate(group)])
-        piece_start = np.cumsum([0] + [len(doc) for doc in group])[:-1]
+        pieces = [len(doc) for doc in group]
+        # Piece p of document i is read from window owner[p] at position row[p]: that row of the batch
+        # (every document's at once: one array operation a run, not a few per document).
+        owner = np.concatenate([np.zeros(0, np.int64)] + [doc.owner for doc in group])
+        row = np.concatenate([np.zeros(0, np.int64)] + [doc.row for doc in group])
+        rows = (np.repeat(first_window[:-1], pieces) + owner) * length + row
+        piece_start = np.cumsum([0] + pieces)[:-1]
         words = join_word_pieces([doc.words for doc in group], piece_start)
         return {"input_ids": input_ids, "attention_mask": mask, WORD_PIECES: piece_table(words, rows)}
 
