@@ -13,7 +13,7 @@ import pytest
 from conftest import runner
 from encoder_study import parity_tables, plots, tables, writeback
 from encoder_study.data import conllu
-from encoder_study.tagging import evaluate, runs
+from encoder_study.tagging import evaluate, gather, splits
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -66,7 +66,7 @@ def study(tmp_path):
         run_dir = tmp_path / "tagging" / name
         run_dir.mkdir(parents=True)
         (run_dir / "run.json").write_text(json.dumps({"run": name, "mode": mode}))
-        test = runs.score_split(gold, predicted, runs.pred_path(run_dir, "test"), resamples=50, seed=0)
+        test = splits.score_split(gold, predicted, splits.pred_path(run_dir, "test"), resamples=50, seed=0)
         dev_accuracy = evaluate.Accuracy(dev, dev - 1, dev + 1, 10, 2, 50, 0, "percentile", 0.95)
         rows = [evaluate.score_row(name, "enc", mode, "mean", "dev", dev_accuracy),
                 evaluate.score_row(name, "enc", mode, "mean", "test", test)]
@@ -98,14 +98,14 @@ def test_best_runs_take_the_highest_dev_score_of_each_mode_ties_by_name():
     rows = [{"run": run, "mode": mode, "split": "dev", "upos": str(dev)}
             for run, (mode, dev, _) in RUNS.items()]
     rows += [{"run": "tuned", "mode": "finetuned", "split": "test", "upos": "100.0"}]  # not dev: ignored
-    assert runs.best_runs(rows) == {"frozen": ("frozen-a", 90.0), "finetuned": ("tuned", 85.0)}
-    assert runs.best_runs(list(reversed(rows))) == runs.best_runs(rows)  # whatever the order of the rows
-    assert runs.best_runs([r for r in rows if r["mode"] != "finetuned"]) == {"frozen": ("frozen-a", 90.0)}
+    assert gather.best_runs(rows) == {"frozen": ("frozen-a", 90.0), "finetuned": ("tuned", 85.0)}
+    assert gather.best_runs(list(reversed(rows))) == gather.best_runs(rows)  # whatever the order of the rows
+    assert gather.best_runs([r for r in rows if r["mode"] != "finetuned"]) == {"frozen": ("frozen-a", 90.0)}
 
 
 def test_per_tag_table_of_the_best_frozen_and_fine_tuned_runs(study):
     out = study["out"] / "per_tag.csv"
-    done = runs.per_tag(list(study["dirs"].values()), study["scores"], study["gold"], "test", out,
+    done = gather.per_tag(list(study["dirs"].values()), study["scores"], study["gold"], "test", out,
                         study["out"] / "per_tag.png", "Treebank: a test's.")
     assert done.best == {"frozen": ("frozen-a", 90.0), "finetuned": ("tuned", 85.0)}
     # Every run.json is read (to name the runs), so each is an input, not only the chosen runs'.
@@ -132,7 +132,7 @@ def test_per_tag_table_of_the_best_frozen_and_fine_tuned_runs(study):
     assert markdown.endswith("\n\nTreebank: a test's.\n")
     first = (study["out"] / "per_tag.png").read_bytes()
     assert first.startswith(PNG)
-    runs.per_tag(list(study["dirs"].values()), study["scores"], study["gold"], "test", out,
+    gather.per_tag(list(study["dirs"].values()), study["scores"], study["gold"], "test", out,
                  study["out"] / "per_tag.png", "Treebank: a test's.")
     assert (study["out"] / "per_tag.png").read_bytes() == first
 
@@ -140,12 +140,12 @@ def test_per_tag_table_of_the_best_frozen_and_fine_tuned_runs(study):
 def test_per_tag_refuses_counts_that_do_not_add_up_to_the_recorded_score(study):
     # Another prediction file than the one scored: the counts no longer give scores.csv's test UPOS.
     gold = conllu.read_conllu(study["gold"])
-    conllu.write_predictions(gold, RUNS["baseline"][2], runs.pred_path(study["dirs"]["tuned"], "test"))
-    with pytest.raises(runs.RunError, match=r"counts give UPOS 100.0 on test, but .* records \[90.0\]"):
-        runs.per_tag(list(study["dirs"].values()), study["scores"], study["gold"], "test",
+    conllu.write_predictions(gold, RUNS["baseline"][2], splits.pred_path(study["dirs"]["tuned"], "test"))
+    with pytest.raises(gather.RunError, match=r"counts give UPOS 100.0 on test, but .* records \[90.0\]"):
+        gather.per_tag(list(study["dirs"].values()), study["scores"], study["gold"], "test",
                      study["out"] / "t.csv", study["out"] / "t.png", "")
-    with pytest.raises(runs.RunError, match="none of the runs"):
-        runs.per_tag([study["dirs"]["baseline"]], study["scores"], study["gold"], "test",
+    with pytest.raises(gather.RunError, match="none of the runs"):
+        gather.per_tag([study["dirs"]["baseline"]], study["scores"], study["gold"], "test",
                      study["out"] / "t.csv", study["out"] / "t.png", "")
 
 
@@ -171,21 +171,21 @@ def test_gather_draws_scores_and_comparisons_as_forest_plots_byte_for_byte(study
     out = study["out"]
     names = ("frozen-a", "tuned", "baseline")
 
-    def gather():
-        return runs.gather([study["dirs"][n] for n in names], {"test": study["gold"]},
-                           [("tuned", "frozen-a"), ("tuned", "baseline")], out / "scores.csv",
-                           out / "comparisons.csv", None, [], 50, 0, "", scores_plot=out / "scores.png",
-                           comparisons_plot=out / "comparisons.png")
+    def gathered_once():
+        return gather.gather([study["dirs"][n] for n in names], {"test": study["gold"]},
+                             [("tuned", "frozen-a"), ("tuned", "baseline")], out / "scores.csv",
+                             out / "comparisons.csv", None, [], 50, 0, "", scores_plot=out / "scores.png",
+                             comparisons_plot=out / "comparisons.png")
 
-    gathered = gather()
+    gathered = gathered_once()
     assert {out / "scores.png", out / "comparisons.png"} <= set(gathered.outputs)
     first = {name: (out / name).read_bytes() for name in ("scores.png", "comparisons.png")}
     assert all(data.startswith(PNG) for data in first.values())
     assert first["scores.png"] != first["comparisons.png"]
-    gather()
+    gathered_once()
     assert {name: (out / name).read_bytes() for name in first} == first
-    with pytest.raises(runs.RunError, match="without comparisons"):
-        runs.gather([study["dirs"]["tuned"]], {}, [], out / "s.csv", None, None, [], 50, 0,
+    with pytest.raises(gather.RunError, match="without comparisons"):
+        gather.gather([study["dirs"]["tuned"]], {}, [], out / "s.csv", None, None, [], 50, 0,
                     comparisons_plot=out / "c.png")
 
 

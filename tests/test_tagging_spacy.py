@@ -14,10 +14,10 @@ from spacy.language import Language
 from spacy.util import load_config
 
 from conftest import ROOT, cli_runner, runner, snakemake_each
-from encoder_study import deps, files
+from encoder_study import deps, files, tables
 from encoder_study.data import conllu
 from encoder_study.data.synthetic import write_synthetic
-from encoder_study.tagging import runs
+from encoder_study.tagging import baseline, gather
 from encoder_study.tagging import spacy as spacy_tagger
 
 MWT = """\
@@ -159,7 +159,7 @@ def test_training_is_deterministic_and_the_saved_pipeline_is_the_selected_one(tr
 
 def test_a_run_is_scored_against_the_gold_file_and_compared_like_any_run(trained, bank, tmp_path):
     run_dir, _ = trained
-    rows = {r["split"]: r for r in runs.tables.read_csv(run_dir / "scores.csv")}
+    rows = {r["split"]: r for r in tables.read_csv(run_dir / "scores.csv")}
     assert sorted(rows) == ["dev", "ood", "test"]
     for split in rows:  # UPOS counted here from the files, apart from the command
         gold = conllu.read_conllu(bank[split])
@@ -168,9 +168,9 @@ def test_a_run_is_scored_against_the_gold_file_and_compared_like_any_run(trained
                  for g, p in zip(s.words, t.words, strict=True)]
         assert float(rows[split]["upos"]) == 100 * sum(a == b for a, b in pairs) / len(pairs)
         assert rows[split]["mode"] == "spacy" and rows[split]["pooling"] == "none"
-    runs.baseline_run("baseline", {k: bank[k] for k in ("train", "dev", "test", "ood")},
+    baseline.baseline_run("baseline", {k: bank[k] for k in ("train", "dev", "test", "ood")},
                       tmp_path / "baseline", 200, 0)
-    gathered = runs.gather([run_dir, tmp_path / "baseline"], {s: bank[s] for s in ("dev", "test", "ood")},
+    gathered = gather.gather([run_dir, tmp_path / "baseline"], {s: bank[s] for s in ("dev", "test", "ood")},
                            [("spacy", "baseline")], tmp_path / "scores.csv", tmp_path / "comparisons.csv",
                            None, [], 200, 0)
     assert {(r["run"], r["split"]) for r in gathered.scores} >= {("spacy", "dev"), ("spacy", "test")}
@@ -279,12 +279,15 @@ ENCODER_CODE = ("tagging/runs.py", "tagging/train.py", "tagging/tagger.py", "tag
                 "frozen.py", "runtime.py", "tokens.py")
 
 
-def test_the_spacy_runs_code_inputs_hold_no_encoder_code():
+@pytest.mark.parametrize("command, own", [("spacy", "tagging/spacy.py"), ("baseline", "tagging/baseline.py"),
+                                            ("tables", "tagging/gather.py"), ("per_tag", "tagging/gather.py")])
+def test_the_runs_without_an_encoder_and_the_tables_hold_no_encoder_code(command, own):
     """The rule's code inputs are what the command reaches (deps.code_files): the run's own modules and
-    the scoring it shares with every run, so that editing an encoder or its training does not rerun it."""
+    the scoring it shares with every run, so that editing an encoder or its training reruns neither the
+    runs that use no encoder (spaCy, the baseline) nor the tables (they read what the runs wrote)."""
     lib = ROOT / "workflow/lib/encoder_study"
     found = {Path(p).relative_to(lib).as_posix()
-             for p in deps.code_files(ROOT / "workflow/lib", "encoder_study.commands.tagging", "spacy")}
-    assert {"tagging/spacy.py", "tagging/splits.py", "tagging/evaluate.py", "data/conllu.py"} <= found
+             for p in deps.code_files(ROOT / "workflow/lib", "encoder_study.commands.tagging", command)}
+    assert {own, "tagging/splits.py", "tagging/evaluate.py", "data/conllu.py"} <= found
     assert not found & set(ENCODER_CODE), found & set(ENCODER_CODE)
     assert not [p for p in found if p.startswith(("trainable/", "onnx/", "student/"))], found

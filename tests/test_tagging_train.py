@@ -21,6 +21,7 @@ from encoder_study.commands import tagging as command
 from encoder_study.data import conllu, synthetic
 from encoder_study.frozen import FrozenEncoder
 from encoder_study.tagging import evaluate, pipeline, runs
+from encoder_study.tagging import splits as runs_splits
 from encoder_study.tagging.steptime import COLUMNS, IMPLEMENTATIONS, StepTimeError, step_time
 from encoder_study.tagging.tagger import Tagger, word_batches
 from encoder_study.tagging.train import CheckpointError, TrainingError, TrainSettings, train
@@ -364,7 +365,7 @@ def test_the_tagging_command_trains_scores_compares_and_writes_provenance(tiny_e
         assert (gathered / table).read_text().endswith("|\n\nTreebank: a test's.\n"), table
     assert "Comparisons" in (prov / "tagging_tables.md").read_text()
     # A comparison naming an unknown run is refused with the known ones (a user error: exit status 2).
-    with pytest.raises(runs.RunError, match=r"no run 'nope' among \['baseline'\]"):
+    with pytest.raises(runs_splits.RunError, match=r"no run 'nope' among \['baseline'\]"):
         run("tables", f"--run-dir={out / 'baseline'}", "--compare", "baseline:nope",
             "--scores-out", str(tmp_path / "x.csv"), "--comparisons-out", str(tmp_path / "y.csv"),
             "--resamples", "100", "--seed", "0", "--caption", "", "--provenance",

@@ -2,7 +2,8 @@
 # encoders, the most-frequent-tag baseline, spaCy runs (an external baseline), bootstrap intervals,
 # comparisons and the step-time table.
 # Rule file workflow/rules/tagging.smk; command `encoder-study tagging` (encoder_study.commands.tagging);
-# library encoder_study.tagging (runs, splits, train, tagger, evaluate, pipeline, steptime, spacy) and
+# library encoder_study.tagging (runs, baseline, gather, splits, train, tagger, evaluate, pipeline, steptime,
+# spacy) and
 # encoder_study.data (conllu, synthetic).
 
 if config["treebank"]["source"] == "synthetic":

@@ -441,13 +441,14 @@ def _report_device(device: str, precision: str | None = None) -> None:
 
 
 def baseline(args) -> int:
-    from ..tagging import evaluate, runs
+    from ..tagging import baseline as baseline_tagger
+    from ..tagging import evaluate
 
     paths = {**{split: getattr(args, split) for split in SPLITS}, **_extras(args.extra)}
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
         frag.inputs += list(paths.values())
-        rows, outputs = runs.baseline_run(args.run_name, paths, args.out_dir, args.resamples,
-                                          args.bootstrap_seed)
+        rows, outputs = baseline_tagger.baseline_run(args.run_name, paths, args.out_dir, args.resamples,
+                                                     args.bootstrap_seed)
         frag.outputs += outputs
         frag.table("Scores", evaluate.scores_markdown(rows))
         frag.note("most frequent UPOS of each form in train; an unseen form gets the most frequent tag of "
@@ -534,13 +535,13 @@ def _spacy_notes(frag, args, done) -> None:
 
 
 def tables(args) -> int:
-    from ..tagging import evaluate, runs
+    from ..tagging import evaluate, gather
 
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
-        gathered = runs.gather(args.run_dir, dict(args.gold), args.compare, args.scores_out,
-                               args.comparisons_out, args.plot, args.reference, args.resamples, args.seed,
-                               args.caption, scores_plot=args.scores_plot,
-                               comparisons_plot=args.comparisons_plot)
+        gathered = gather.gather(args.run_dir, dict(args.gold), args.compare, args.scores_out,
+                                 args.comparisons_out, args.plot, args.reference, args.resamples, args.seed,
+                                 args.caption, scores_plot=args.scores_plot,
+                                 comparisons_plot=args.comparisons_plot)
         frag.inputs += gathered.inputs
         frag.outputs += gathered.outputs
         frag.table("Scores", evaluate.scores_markdown(gathered.scores))
@@ -552,11 +553,11 @@ def tables(args) -> int:
 
 def per_tag(args) -> int:
     from .. import tables
-    from ..tagging import evaluate, runs
+    from ..tagging import evaluate, gather
 
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
-        done = runs.per_tag(args.run_dir, args.scores, args.gold, args.split, args.out, args.plot,
-                            args.caption)
+        done = gather.per_tag(args.run_dir, args.scores, args.gold, args.split, args.out, args.plot,
+                              args.caption)
         frag.inputs += done.inputs
         frag.outputs += done.outputs
         frag.table(f"Per-tag accuracy ({args.split})", tables.markdown(done.rows, evaluate.PER_TAG_MARKDOWN))

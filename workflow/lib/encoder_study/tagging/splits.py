@@ -1,7 +1,8 @@
 """What every kind of run (trained, baseline, spaCy) does with the treebank's splits and its directory.
 
 The splits a run scores, their reading, the predictions file and its score, the record of a split
-read, and the names of a run directory's scores table and run record (the directory's layout: `runs`).
+read, the names of a run directory's scores table, history and run record (the directory's layout:
+`runs`), and the error for a run directory that does not fit.
 Kept apart from `runs` so that a run that trains no encoder (spaCy) imports none of the encoders'
 code, and a change to that code does not rerun it.
 """
@@ -12,14 +13,31 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import files
+from .. import files, tables
 from ..data import SPLITS, conllu
 from ..data.conllu import Sentence
+from ..errors import UserError
 from . import evaluate
 
 RUN_JSON = "run.json"
 SCORES = "scores.csv"
 SCORED = SPLITS[1:]  # dev and test: every run scores them
+HISTORY = "history.csv"
+HISTORY_COLUMNS = ["step", "epoch", "train_loss", "dev_upos"]
+
+
+class RunError(UserError, ValueError):
+    """A run directory, predictions file or comparison that does not fit the others given."""
+
+
+def history_csv(history: Sequence[dict]) -> str:
+    """history.csv text: the floats (epoch, train_loss, dev_upos) as repr, the shortest exact text."""
+    return tables.csv_text(history, HISTORY_COLUMNS)
+
+
+def read_history(path: str | os.PathLike) -> list[tuple[int, float]]:
+    """(step, dev_upos) points of a history.csv."""
+    return [(int(r["step"]), float(r["dev_upos"])) for r in tables.read_csv(path)]
 
 
 def scored_splits(paths: dict[str, str | os.PathLike]) -> tuple[str, ...]:
