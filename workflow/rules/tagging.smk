@@ -3,8 +3,7 @@
 # comparisons and the step-time table.
 # Rule file workflow/rules/tagging.smk; command `encoder-study tagging` (encoder_study.commands.tagging);
 # library encoder_study.tagging (runs, baseline, gather, splits, train, tagger, evaluate, pipeline, steptime,
-# spacy) and
-# encoder_study.data (conllu, synthetic).
+# spacy) and encoder_study.data (conllu, synthetic).
 
 if config["treebank"]["source"] == "synthetic":
 
