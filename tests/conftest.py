@@ -152,16 +152,16 @@ def snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 # The one real run of the workflow that the end-to-end tests share: tests/test_workflow.py reads it and
 # tests/test_slurm.py compares a cluster run of some of its targets with it. One tiny model, a tiny
-# treebank and student, every recipe. Timed cells of 0.01 s: the timing tables are read, their numbers
-# are not. Latency at 1 thread and these resources: the slurm test's node must fit its jobs, and it
-# recognises the resources in them.
+# treebank and student, every recipe. Timed cells of 0 s (one call each, no calibration): the timing
+# tables are read, their numbers are not. Latency at 1 thread and these resources: the slurm test's node
+# must fit its jobs, and it recognises the resources in them.
 SMALL_CONFIG = """\
 models:
   - {name: bert-tiny, source: tiny, architecture: config/models/bert-tiny.json, seed: 0}
 texts: {tatoeba: config/texts/tatoeba_sample.tsv, udhr: config/texts/udhr_sample, tatoeba_count: 12,
         udhr_count: 4}
 parity: {latency_runs: 2, latency_warmup: 1, latency_threads: 1, latency_batches: [1]}
-timing: {min_seconds: 0.01}
+timing: {min_seconds: 0}
 treebank: {sizes: {train: 60, dev: 20, test: 20}}
 tagging:
   runs: [{name: tiny-frozen, model: bert-tiny, mode: frozen, epochs: 2},
