@@ -166,3 +166,33 @@ def test_blocks_take_turns_after_an_untimed_switch():
     # each turn: one untimed call, then timed calls until the block is full (here: one)
     assert order == ["a", "a", "b", "b", "a", "a", "b", "b"]
     assert [len(t) for t in times.values()] == [2, 2]
+
+
+def test_a_slow_path_switches_in_after_a_pause_instead_of_an_untimed_call(monkeypatch):
+    """A path whose calls take PAUSE_AFTER_SECONDS or more waits SWITCH_PAUSE_SECONDS before its block
+    (after its warm-up told how long it takes); a fast one still makes an untimed call."""
+    clock, events = [0.0], []
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            return clock[0]
+
+        @staticmethod
+        def sleep(seconds):
+            events.append(("pause", seconds))
+            clock[0] += seconds
+
+    def call(name, seconds):
+        def run():
+            events.append(name)
+            clock[0] += seconds
+        return run
+
+    monkeypatch.setattr(perf, "time", Clock)
+    slow, fast = perf.PAUSE_AFTER_SECONDS, perf.PAUSE_AFTER_SECONDS / 10
+    times = perf.measure({"slow": call("slow", slow), "fast": call("fast", fast)}, min_seconds=0.0,
+                         min_repeats=2, warmup=1, block_seconds=1e-9)
+    pause = ("pause", perf.SWITCH_PAUSE_SECONDS)
+    assert events == ["slow", "fast", pause, "slow", "fast", "fast", pause, "slow", "fast", "fast"]
+    assert times["slow"] == pytest.approx([slow, slow]) and times["fast"] == pytest.approx([fast, fast])

@@ -280,7 +280,7 @@ ENCODER_CODE = ("tagging/runs.py", "tagging/train.py", "tagging/tagger.py", "tag
 
 
 @pytest.mark.parametrize("command, own", [("spacy", "tagging/spacy.py"), ("baseline", "tagging/baseline.py"),
-                                            ("tables", "tagging/gather.py"), ("per_tag", "tagging/gather.py")])
+                                          ("tables", "tagging/gather.py"), ("per_tag", "tagging/gather.py")])
 def test_the_runs_without_an_encoder_and_the_tables_hold_no_encoder_code(command, own):
     """The rule's code inputs are what the command reaches (deps.code_files): the run's own modules and
     the scoring it shares with every run, so that editing an encoder or its training reruns neither the

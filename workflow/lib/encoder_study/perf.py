@@ -47,6 +47,11 @@ from dataclasses import dataclass
 from . import machine
 
 BLOCK_SECONDS = 0.25  # turns of ONNX Runtime against PyTorch (see measure)
+# A path whose calls take this long switches in after a pause of SWITCH_PAUSE_SECONDS instead of an untimed
+# call: the other runtime's threads spin for milliseconds, and an untimed call of a slow path would double
+# the cell's time for nothing.
+PAUSE_AFTER_SECONDS = 0.1
+SWITCH_PAUSE_SECONDS = 0.02
 PROBE = "gemm probe"  # measure's key for the probe's per-call seconds
 # (m, k, n) of the probe's candidate products: squares, and the tall product of a feed-forward layer.
 # None above 2 GFLOP, so that a calibration stays short on a loaded machine too.
@@ -119,13 +124,18 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
     `block_seconds` > 0: each turn is a block of calls of at least that many seconds, after one untimed
     call. For runtimes with thread pools of their own (ONNX Runtime's spin after a run, PyTorch's OpenMP
     threads): a call right after the other runtime's shares the cores with its still-spinning threads
-    and can take several times as long (measured: CHANGELOG.md), which says nothing about either.
+    and can take several times as long (measured: CHANGELOG.md), which says nothing about either. A path
+    whose last call took PAUSE_AFTER_SECONDS or more waits SWITCH_PAUSE_SECONDS instead of the untimed
+    call: long enough for those threads to stop, and a fraction of such a call.
     """
     if min_seconds < 0 or min_repeats < 1 or warmup < 0 or block_seconds < 0:
         raise ValueError("min_seconds, warmup and block_seconds must be 0 or more, min_repeats at least 1")
+    last = dict.fromkeys(calls, 0.0)  # each path's latest call, warm-up included: whether it pauses to switch
     for _ in range(warmup):
-        for call in calls.values():
+        for name, call in calls.items():
+            start = time.perf_counter()
             call()
+            last[name] = time.perf_counter() - start
     times: dict[str, list[float]] = {name: [] for name in calls}
     totals = dict.fromkeys(calls, 0.0)
     if probe is not None:
@@ -135,13 +145,16 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
             times[PROBE] += probe.turn()
         for name in pending:  # a path that has its share sits out, so fast paths don't stretch slow ones
             call = calls[name]
-            if block_seconds:
-                call()  # the switch: the other runtime's threads wind down during this call
+            if block_seconds:  # the switch: the other runtime's threads wind down meanwhile
+                if last[name] >= PAUSE_AFTER_SECONDS:
+                    time.sleep(SWITCH_PAUSE_SECONDS)
+                else:
+                    call()
             block = 0.0
             while True:
                 start = time.perf_counter()
                 call()
-                elapsed = time.perf_counter() - start
+                elapsed = last[name] = time.perf_counter() - start
                 times[name].append(elapsed)
                 totals[name] += elapsed
                 block += elapsed
