@@ -259,6 +259,17 @@ STUDENT_DIR = f"results/models/{STUDENT}"
 
 STUDENT_CFG = config["student"]
 
+# The distillation heads the longest chain of jobs (distill, then the student's export, tagging and
+# write-back): it and its teacher's export start before other ready jobs, or on few cores the chain can
+# start last and finish after everything else (measured: CHANGELOG.md). Fine-tuning runs come next.
+CHAIN_PRIORITY = 2
+TRAIN_PRIORITY = 1
+
+
+def teacher_first(wildcards):
+    """`priority:` of a model's acquisition and export: the student's teacher's go first."""
+    return CHAIN_PRIORITY if wildcards.model == STUDENT_CFG["teacher"] else 0
+
 
 def student_corpus_inputs(wildcards):
     """The embedded corpus's files (the texts section's sources); streamed datasets have none, but

@@ -14,6 +14,7 @@ rule export_acquire:
         spec=lambda wc: json.dumps(MODEL_SPECS[wc.model], sort_keys=True),
         out_dir=lambda wc, output: Path(output.source).parent,
     threads: 1
+    priority: teacher_first
     log:
         "logs/export/export_acquire-{model}.log",
     benchmark:
@@ -42,6 +43,7 @@ rule export_model:
         tolerance=config["export"]["tolerance"],
         optimization=config["export"]["ort_optimization"],
     threads: threads_for("export_model")
+    priority: teacher_first
     log:
         "logs/export/export_model-{model}.log",
     benchmark:

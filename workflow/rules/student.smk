@@ -30,6 +30,7 @@ rule student_distill:
         device=STUDENT_CFG["device"],
         precision=STUDENT_CFG["precision"],
     threads: threads_for("student_distill")
+    priority: CHAIN_PRIORITY
     # The command saves a checkpoint every training.chunk_steps steps and resumes from it when rerun.
     retries: STUDENT_CFG["retries"]
     log:

@@ -146,6 +146,7 @@ rule tagging_train:
         # `auto` (the default) resolves in the job, so the host's GPU is not a rerun trigger.
         device=config["tagging"]["device"],
     threads: threads_for("tagging_train")
+    priority: TRAIN_PRIORITY
     # A crash resumes from the last checkpoint (saved every chunk_steps steps) on the next attempt.
     retries: config["tagging"]["retries"]
     log:
