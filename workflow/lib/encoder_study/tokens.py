@@ -396,7 +396,6 @@ class PieceTokenizer:
             inputs=tuple(self.wrap(ids[start:end]) for start, end in windows),
             owner=owner, row=row, words=words)
 
-
     def prepare_joined(self, docs: Sequence[Doc], max_length: int) -> JoinedPieces:
         """What `prepare_many` gives, in flat arrays over all documents (JoinedPieces)."""
         size = self.window_size(max_length)

@@ -499,16 +499,17 @@ def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, 
 def _speed_cells(times: dict, tokens: int, flops: float, gemm: float) -> dict:
     """A row's timed columns from `perf.measure`'s seconds."""
     mod, gra = perf.Spread.of(times["modules"]), perf.Spread.of(times["graph"])
-    return {"repeats": min(mod.repeats, gra.repeats),
-            "modules_tok_s": tokens / mod.median, "graph_tok_s": tokens / gra.median,
-            "ratio": mod.median / gra.median,
-            "modules_tok_s_min": tokens / mod.max, "modules_tok_s_max": tokens / mod.min,
-            "graph_tok_s_min": tokens / gra.max, "graph_tok_s_max": tokens / gra.min,
-            "modules_repeats": mod.repeats, "graph_repeats": gra.repeats,
-            "modules_seconds": mod.seconds, "graph_seconds": gra.seconds,
-            "modules_gflops": flops / mod.median / 1e9, "graph_gflops": flops / gra.median / 1e9,
-            "gemm_gflops": gemm, "modules_fraction_of_gemm": flops / mod.median / 1e9 / gemm,
-            "graph_fraction_of_gemm": flops / gra.median / 1e9 / gemm}
+    row = {"repeats": min(mod.repeats, gra.repeats),
+           "modules_tok_s": tokens / mod.median, "graph_tok_s": tokens / gra.median,
+           "ratio": mod.median / gra.median,
+           "modules_tok_s_min": tokens / mod.max, "modules_tok_s_max": tokens / mod.min,
+           "graph_tok_s_min": tokens / gra.max, "graph_tok_s_max": tokens / gra.min,
+           "modules_repeats": mod.repeats, "graph_repeats": gra.repeats,
+           "modules_seconds": mod.seconds, "graph_seconds": gra.seconds, "gemm_gflops": gemm}
+    for impl, spread in (("modules", mod), ("graph", gra)):
+        rate = perf.rates(flops, spread.median, gemm)
+        row[f"{impl}_gflops"], row[f"{impl}_fraction_of_gemm"] = rate["gflops"], rate["fraction_of_gemm"]
+    return row
 
 
 def speed_markdown(rows: list[dict]) -> str:

@@ -178,8 +178,9 @@ def step_time(model_dir: str | os.PathLike, source_json: str | os.PathLike, batc
                "gflop": flops / 1e9, "gflops": flops / timing["total_s"] / 1e9, "gemm_gflops": None,
                "fraction_of_gemm": None, "forward_fraction_of_gemm": None}
         if limit:
+            forward = perf.rates(forward_flops, timing["forward_s"], limit.gflops)
             row.update(**limit.rates(flops, timing["total_s"]), **limit.columns(),
-                       forward_fraction_of_gemm=forward_flops / timing["forward_s"] / 1e9 / limit.gflops)
+                       forward_fraction_of_gemm=forward["fraction_of_gemm"])
         rows.append(row)
     return rows
 
