@@ -374,6 +374,11 @@ def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, t
         # the same batches for both paths, longest first within the budget: some padding, none counted
         assert int(r["batches"]) > 1 and int(r["padded_pieces"]) >= int(r["pieces"]) > int(r["tokens"])
         assert int(r["batch_pieces"]) == 24 and int(r["calls"]) in (1, int(r["batches"]))
+        # the limit beside the row, as every timing table carries it; a note exactly where a path outran it
+        assert float(r["gemm_gflops_min"]) <= float(r["gemm_gflops"]) <= float(r["gemm_gflops_max"])
+        assert r["gemm_probe"] and float(r["peak_gflops"]) > 0
+        above = [impl for impl in ("modules", "graph") if float(r[f"{impl}_fraction_of_gemm"]) > 1.0]
+        assert [part.split(":")[0] for part in r["limit_note"].split("; ") if part] == above
         for impl in ("modules", "graph"):
             low, mid, high = (float(r[f"{impl}_tok_s{s}"]) for s in ("_min", "", "_max"))
             assert 0 < low <= mid <= high and int(r[f"{impl}_repeats"]) >= 2

@@ -60,7 +60,8 @@ SPEED_COLUMNS = ["run", "encoder", "threads", "sentences", "tokens", "pieces", "
                  "modules_tok_s_min", "modules_tok_s_max", "graph_tok_s_min", "graph_tok_s_max",
                  "modules_repeats", "graph_repeats", "modules_seconds", "graph_seconds", "gflop",
                  "modules_gflops", "graph_gflops", "gemm_gflops", "modules_fraction_of_gemm",
-                 "graph_fraction_of_gemm", "modules_scaling", "graph_scaling"]
+                 "graph_fraction_of_gemm", "modules_scaling", "graph_scaling", "gemm_gflops_min",
+                 "gemm_gflops_max", "gemm_probe", "peak_gflops", "limit_note"]
 # The Markdown renderings' columns (tables.markdown): (key, title, format).
 PARITY_MARKDOWN = (("run", "run", ""), ("encoder", "encoder", ""), ("comparison", "comparison", ""),
                    *tables.PARITY_COLUMNS)
@@ -488,7 +489,7 @@ def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, 
                               "graph": lambda g=graph: _tag_all(g, calls)},
                              min_seconds, min_repeats=repeats, warmup=warmup,
                              block_seconds=perf.BLOCK_SECONDS, probe=probe)
-        rows.append({**shape, "threads": threads, **_speed_cells(times, tokens, flops, probe.rate(times))})
+        rows.append({**shape, "threads": threads, **_speed_cells(times, tokens, flops, probe.limit(times))})
     single = next((r for r in rows if r["threads"] == 1), None)
     for r in rows:
         for impl in ("modules", "graph"):
@@ -496,8 +497,8 @@ def speed_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike, 
     return rows
 
 
-def _speed_cells(times: dict, tokens: int, flops: float, gemm: float) -> dict:
-    """A row's timed columns from `perf.measure`'s seconds."""
+def _speed_cells(times: dict, tokens: int, flops: float, limit: perf.Limit) -> dict:
+    """A row's timed columns from `perf.measure`'s seconds, read against the probe measured beside them."""
     mod, gra = perf.Spread.of(times["modules"]), perf.Spread.of(times["graph"])
     row = {"repeats": min(mod.repeats, gra.repeats),
            "modules_tok_s": tokens / mod.median, "graph_tok_s": tokens / gra.median,
@@ -505,10 +506,13 @@ def _speed_cells(times: dict, tokens: int, flops: float, gemm: float) -> dict:
            "modules_tok_s_min": tokens / mod.max, "modules_tok_s_max": tokens / mod.min,
            "graph_tok_s_min": tokens / gra.max, "graph_tok_s_max": tokens / gra.min,
            "modules_repeats": mod.repeats, "graph_repeats": gra.repeats,
-           "modules_seconds": mod.seconds, "graph_seconds": gra.seconds, "gemm_gflops": gemm}
+           "modules_seconds": mod.seconds, "graph_seconds": gra.seconds, **limit.columns()}
+    notes = []
     for impl, spread in (("modules", mod), ("graph", gra)):
-        rate = perf.rates(flops, spread.median, gemm)
+        rate = limit.rates(flops, spread.median)
         row[f"{impl}_gflops"], row[f"{impl}_fraction_of_gemm"] = rate["gflops"], rate["fraction_of_gemm"]
+        notes += [f"{impl}: {rate['limit_note']}"] if rate["limit_note"] else []
+    row["limit_note"] = "; ".join(notes)
     return row
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 
 import numpy as np
 import torch
@@ -21,6 +22,19 @@ from .graph import Graph, GraphError
 MIN_LENGTH = 16
 
 
+def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
+    """`torch.use_deterministic_algorithms`, without importing torch._inductor to set its flag.
+
+    PyTorch's function imports torch._inductor.config (1.2 s of a job's start, measured: CHANGELOG.md)
+    only to pass the flag on to compiled code; nothing here compiles. Where inductor is loaded (by
+    transformers), its flag is set as PyTorch would.
+    """
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = mode
+    torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
+
+
 @contextlib.contextmanager
 def determinism(threads: int):
     """Deterministic algorithms (warn-only) and a fixed thread count for the block; restored after.
@@ -30,12 +44,12 @@ def determinism(threads: int):
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     threads_before = torch.get_num_threads()
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    use_deterministic_algorithms(True, warn_only=True)
     torch.set_num_threads(machine.usable_threads(threads))
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        use_deterministic_algorithms(enabled, warn_only=warn_only)
         torch.set_num_threads(threads_before)
 
 

@@ -48,7 +48,7 @@ import torch
 from .. import artefacts, files
 from ..errors import UserError
 from ..files import CheckpointError
-from .common import clip_gradients, determinism
+from .common import clip_gradients, determinism, use_deterministic_algorithms
 
 CHOICES = ("auto", "cpu", "cuda")  # what --device takes
 DEVICES = ("cpu", "cuda")          # device types a run computes on
@@ -116,12 +116,12 @@ def deterministic(device: torch.device | str, threads: int):
         cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
         warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
         before = (cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32)
-        torch.use_deterministic_algorithms(True)
+        use_deterministic_algorithms(True)
         cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = True, False, False, False
         try:
             yield
         finally:
-            torch.use_deterministic_algorithms(True, warn_only=warn_only)
+            use_deterministic_algorithms(True, warn_only=warn_only)
             cudnn.deterministic, cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = before
 
 
