@@ -7,10 +7,32 @@ from encoder_study.commands.benchmarks import parser
 from encoder_study.onnx import fusion
 
 
-def test_every_part_and_its_rates(tiny_exports, models_dir, tmp_path):
-    source = models_dir / "sources" / "bert-tiny" / "source.json"
-    rows = benchmarks.encoders(tiny_exports["bert-tiny"], source, threads=1, batch=2, seq_len=16, rows=3,
-                               length=16, docs=4, seed=0, min_seconds=0.0)
+@pytest.fixture(scope="module")
+def command(tiny_exports, models_dir, tmp_path_factory) -> dict:
+    """One run of the command on bert-tiny, shared by the tests: the rows benchmarks.encoders gave it, the
+    table it wrote and its fragment."""
+    out = tmp_path_factory.mktemp("benchmarks") / "encoders.csv"
+    fragment = out.parent / "prov" / "benchmarks_encoders.md"
+    real, returned = benchmarks.encoders, []
+
+    def encoders(*args, **kwargs):
+        returned.append(real(*args, **kwargs))
+        return returned[-1]
+
+    args = parser().parse_args([
+        "encoders", "--model-dir", str(tiny_exports["bert-tiny"]), "--source",
+        str(models_dir / "sources" / "bert-tiny" / "source.json"), "--threads", "1", "--batch", "2",
+        "--seq-len", "16", "--rows", "3", "--length", "16", "--docs", "4", "--seed", "0",
+        "--min-seconds", "0", "--out", str(out), "--provenance", str(fragment)])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(benchmarks, "encoders", encoders)
+        status = args.run(args)
+    (rows,) = returned
+    return {"status": status, "rows": rows, "out": out, "fragment": fragment}
+
+
+def test_every_part_and_its_rates(command):
+    rows = command["rows"]  # at 1 thread, batch 2 x 16, the step 3 x 16, 4 documents
     peak, *rest = rows
     gemm = [r for r in rest if r["part"] == "gemm"]
     assert peak["part"] == "peak" and peak["path"].startswith("theoretical: ") and " x 2 x " in peak["path"]
@@ -71,14 +93,10 @@ def test_every_part_and_its_rates(tiny_exports, models_dir, tmp_path):
     assert text.count("\n") == len(rows) + 2 and "| gemm |" in text and "| peak |" in text
 
 
-def test_the_command_writes_the_table_and_its_fragment(tiny_exports, models_dir, tmp_path):
-    out = tmp_path / "encoders.csv"
-    args = parser().parse_args([
-        "encoders", "--model-dir", str(tiny_exports["bert-tiny"]), "--source",
-        str(models_dir / "sources" / "bert-tiny" / "source.json"), "--threads", "1", "--batch", "1",
-        "--seq-len", "8", "--rows", "2", "--length", "8", "--docs", "2", "--seed", "0", "--min-seconds", "0",
-        "--out", str(out), "--provenance", str(tmp_path / "prov" / "benchmarks_encoders.md")])
-    assert args.run(args) == 0
-    assert list(tables.read_csv(out)[0]) == benchmarks.COLUMNS
+def test_the_command_writes_the_table_and_its_fragment(command):
+    out = command["out"]
+    assert command["status"] == 0
+    table = tables.read_csv(out)
+    assert list(table[0]) == benchmarks.COLUMNS and len(table) == len(command["rows"])
     assert "\n## Summary\n\n- frozen encoder: " in out.with_suffix(".md").read_text()
-    assert (tmp_path / "prov" / "benchmarks_encoders.md").is_file()
+    assert command["fragment"].is_file()
