@@ -19,18 +19,22 @@ from encoder_study import manifest, trainable
 SHAPE = {"layers": 2, "width": 32, "heads": 2, "intermediate": 64, "embedding_width": 8, "max_positions": 512}
 TRAINING = {"steps": 6, "batch_windows": 4, "window_lengths": [16, 24], "chunk_steps": 3, "log_every": 2,
             "stats_windows": 8}
-# Under torchrun: both ranks stop before step 5, after the checkpoint of step 3, as a killed job would.
+# Under torchrun, in one launch: both ranks run the uninterrupted distillation (argv[1]), then the one to
+# be resumed (argv[2]), which they stop before step 5, after the checkpoint of step 3, as a killed job would.
 STOPPED = """
+import json
 import sys
 from encoder_study import cli
 from encoder_study.student import distill
+if cli.main(json.loads(sys.argv[1])) != 0:
+    sys.exit("the uninterrupted run failed")
 real = distill._Run.train_step
 def train_step(self):
     if self.step == 4:
         raise RuntimeError("test-only stop before step 5")
     real(self)
 distill._Run.train_step = train_step
-sys.exit(cli.main(sys.argv[1:]))
+sys.exit(cli.main(json.loads(sys.argv[2])))
 """
 
 
@@ -123,17 +127,17 @@ def test_torchrun_resumes_after_a_crash_and_writes_on_rank_0_only(tiny_exports, 
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     resumed, whole = tmp_path / "resumed", tmp_path / "whole"
-    argv = train_argv(tiny_exports["bert-tiny"], resumed, udhr=False)
-    first = subprocess.run([*launcher, str(stopped), "student", *argv], env=env, capture_output=True,
-                           text=True, timeout=600)
-    assert first.returncode != 0 and "test-only stop" in first.stderr
+    argv = {out: ["student", *train_argv(tiny_exports["bert-tiny"], out, udhr=False)]
+            for out in (resumed, whole)}
+    first = subprocess.run([*launcher, str(stopped), json.dumps(argv[whole]), json.dumps(argv[resumed])],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode != 0 and "test-only stop" in first.stderr, first.stderr[-3000:]
+    assert (whole / "student.pt").is_file() and not (whole / "checkpoints/distill.pt").exists()
     assert torch.load(resumed / "checkpoints/distill.pt", weights_only=True)["step"] == 3
     assert not (resumed / "student.pt").exists() and not (resumed / "prov").exists()
-    for out in (resumed, whole):
-        argv = train_argv(tiny_exports["bert-tiny"], out, udhr=False)
-        run = subprocess.run([*launcher, "-m", "encoder_study.cli", "student", *argv], env=env,
-                             capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stderr[-3000:]
+    run = subprocess.run([*launcher, "-m", "encoder_study.cli", *argv[resumed]], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
     assert (resumed / "student.pt").read_bytes() == (whole / "student.pt").read_bytes()
     assert not (resumed / "checkpoints/distill.pt").exists()
     assert "| world size | 2 |" in (resumed / "prov/student_distill.md").read_text()
