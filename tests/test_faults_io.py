@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cli_runner, copy_workflow, runner, snakemake, train_argv
+from conftest import ROOT, cli_runner, copy_workflow, runner, snakemake, snakemake_each, train_argv
 from encoder_study import acquire, files, provenance, recorded
 from encoder_study.data import conllu, synthetic
 
@@ -215,9 +215,9 @@ def _encoder_study(*argv: str, log: Path) -> int:
                               stdout=handle, stderr=subprocess.STDOUT).returncode
 
 
-def _only_error_line(log: Path, command: str) -> str:
-    """The log's error line, checked to be the only line of the command's own and no traceback."""
-    text = log.read_text()
+def _only_error_line(text: str, command: str) -> str:
+    """The error line of a command's output, checked to be the only line of the command's own and no
+    traceback."""
     assert "Traceback" not in text, text
     errors = [line for line in text.splitlines() if line.startswith(f"encoder-study {command}: ")]
     assert len(errors) == 1, text
@@ -225,16 +225,9 @@ def _only_error_line(log: Path, command: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_source(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("sources") / "bert-tiny"
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        acquire.acquire("bert-tiny", {"source": "tiny", "architecture": "config/models/bert-tiny.json",
-                                      "seed": 0}, out)
-    finally:
-        os.chdir(cwd)
-    return out / acquire.SOURCE_JSON
+def tiny_source(tiny_exports, models_dir) -> Path:
+    """bert-tiny's source, as the session's exports acquired it."""
+    return models_dir / "sources" / "bert-tiny" / acquire.SOURCE_JSON
 
 
 ENOSPC_LINE = "no space left on device (ENOSPC); free space on that file system, then run again"
@@ -246,7 +239,7 @@ def test_a_full_disk_ends_acquire_in_one_line_in_its_own_log_and_keeps_nothing(s
     out = small_disk / "sources" / "bert-tiny"
     status = _encoder_study("export", "acquire", "--model", "bert-tiny", "--spec", TINY_SPEC, "--out-dir",
                             str(out), "--provenance", str(small_disk / "prov" / "a.md"), log=log)
-    line = _only_error_line(log, "export acquire")
+    line = _only_error_line(log.read_text(), "export acquire")
     assert status == 2 and line.startswith(f"encoder-study export acquire: error: cannot write {out}/model")
     assert line.endswith(ENOSPC_LINE)
     assert sorted(p for p in small_disk.rglob("*") if not p.is_dir()) == [log, filler]
@@ -258,7 +251,7 @@ def test_a_full_disk_ends_export_in_one_line_and_keeps_nothing(small_disk, tiny_
     status = _encoder_study("export", "model", "--source", str(tiny_source), "--out-dir", str(out),
                             "--opset", "17", "--tolerance", "1e-4", "--threads", "1", "--ort-optimization",
                             "all", "--provenance", str(small_disk / "prov" / "m.md"), log=log)
-    line = _only_error_line(log, "export model")
+    line = _only_error_line(log.read_text(), "export model")
     assert status == 2 and line == f"encoder-study export model: error: cannot write {out}: {ENOSPC_LINE}"
     assert sorted(p for p in small_disk.rglob("*") if not p.is_dir()) == [log, filler]
 
@@ -269,7 +262,7 @@ def test_a_full_disk_ends_a_download_in_one_line(small_disk, tmp_path):
     status = _encoder_study("tagging", "fetch", "--split", "train", "--url", source.as_uri(), "--sha256=",
                             "--timeout", "10", "--out", str(out), "--provenance",
                             str(small_disk / "prov" / "f.md"), log=log)
-    line = _only_error_line(log, "tagging fetch")
+    line = _only_error_line(log.read_text(), "tagging fetch")
     assert status == 2 and line == f"encoder-study tagging fetch: error: cannot write {out}: {ENOSPC_LINE}"
     assert [p for p in small_disk.rglob("*") if not p.is_dir()] == [log]
 
@@ -304,13 +297,14 @@ def test_a_full_disk_while_a_wheel_is_fetched_or_unpacked_keeps_nothing(small_di
     assert [p for p in small_disk.rglob("*") if not p.is_dir()] == []  # no partial wheel, no 0-byte file
 
 
-def test_a_read_only_directory_ends_in_one_line(tmp_path):
-    log = tmp_path / "acquire.log"
+def test_a_read_only_directory_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)  # the spec's architecture path is relative to the repository, as in a rule
     with _tmpfs(tmp_path / "readonly", "ro,size=1m") as readonly:
         out = readonly / "sources" / "bert-tiny"
-        status = _encoder_study("export", "acquire", "--model", "bert-tiny", "--spec", TINY_SPEC, "--out-dir",
-                                str(out), "--provenance", str(tmp_path / "prov" / "a.md"), log=log)
-    line = _only_error_line(log, "export acquire")
+        status = cli_runner("export")("acquire", "--model", "bert-tiny", "--spec", TINY_SPEC, "--out-dir",
+                                      str(out), "--provenance", str(tmp_path / "prov" / "a.md"))
+    captured = capsys.readouterr()
+    line = _only_error_line(captured.out + captured.err, "export acquire")
     assert status == 2 and line == (f"encoder-study export acquire: error: cannot write {out}: read-only "
                                     "file system (EROFS); write the results where the file system is "
                                     "writable")
@@ -321,7 +315,7 @@ def test_a_read_only_directory_ends_in_one_line(tmp_path):
 @pytest.fixture(scope="module")
 def pipeline_file(tiny_exports, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tagging")
-    bank = synthetic.write_synthetic(out / "bank", seed=0, sizes={"train": 40, "dev": 10, "test": 10})
+    bank = synthetic.write_synthetic(out / "bank", seed=0, sizes={"train": 10, "dev": 4, "test": 4})
     assert runner("tagging")(*train_argv("frozen", tiny_exports["bert-tiny"], out, out / "prov", bank,
                                          mode="frozen", epochs=1)) == 0
     return out / "frozen" / "pipeline.safetensors"
@@ -434,15 +428,16 @@ def test_a_truncated_treebank_stops_the_run_before_snakemake_deletes_anything(tm
     train = copy / "results/treebank/train.conllu"
     whole = train.read_bytes()
     train.write_bytes(_cut_at_a_sentence(whole))  # newer than the baseline: Snakemake would rerun it
-    refused = snakemake("--cores", "1", target, cwd=copy)
+    # The refused run, then the command it gives (which rebuilds the treebank alone), in one process.
+    refused, rebuilt = snakemake_each(["--cores", "1", target],
+                                      ["--cores", "1", "-f", "results/treebank/train.conllu"], cwd=copy)
     assert refused.returncode != 0
     assert (f"results/treebank/train.conllu: {len(_cut_at_a_sentence(whole)):,} bytes, but rule "
             f"tagging_treebank wrote {len(whole):,}") in refused.stderr
     assert "Nothing was run or deleted: rebuild it: snakemake --cores all -f results/treebank/train.conllu" \
         in refused.stderr
-    assert (copy / target).read_bytes() == scores  # the good results are still there
-    rebuilt = snakemake("--cores", "1", "-f", "results/treebank/train.conllu", cwd=copy)  # the command given
-    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert (copy / target).read_bytes() == scores  # the good results are still there (the rebuild's
+    assert rebuilt.returncode == 0, rebuilt.stderr  # target is the treebank alone)
     assert train.read_bytes() == whole
 
 
