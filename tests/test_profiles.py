@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from conftest import ROOT, snakemake
+from conftest import ROOT, snakemake_each
 
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
@@ -25,22 +25,31 @@ PROFILE = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())
 TIMED = {"parity_latency", "tagging_step_time", "writeback_speed", "benchmarks_encoders"}
 
 # Each rule as Snakemake reads it (through its API; the executor is not known there): whether it runs on
-# the submitting host (Workflow.is_local: a localrule, or a rule that runs nothing) and its resources.
+# the submitting host (Workflow.is_local: a localrule, or a rule that runs nothing) and its resources. One
+# workflow per list of config files (argv[1], JSON), in one process.
 RULES = """
 import json, sys
 from pathlib import Path
 from snakemake.api import SnakemakeApi
 from snakemake.settings.types import ConfigSettings, ResourceSettings
 
-with SnakemakeApi() as api:
-    configs = ConfigSettings(configfiles=[Path(p) for p in sys.argv[1:]])
-    workflow = api.workflow(resource_settings=ResourceSettings(cores=1), config_settings=configs,
-                            snakefile=Path("Snakefile"))._workflow
-    asked = ("mem_mb", "runtime", "gpu")
-    print(json.dumps({rule.name: {"local": rule.name in workflow._localrules or rule.norun,
-                                  **{k: v.value for k, v in rule.resources.items() if k in asked}}
-                      for rule in workflow.rules}))
+asked = ("mem_mb", "runtime", "gpu")
+read = []
+for paths in json.loads(sys.argv[1]):
+    with SnakemakeApi() as api:
+        configs = ConfigSettings(configfiles=[Path(p) for p in paths])
+        workflow = api.workflow(resource_settings=ResourceSettings(cores=1), config_settings=configs,
+                                snakefile=Path("Snakefile"))._workflow
+        read.append({rule.name: {"local": rule.name in workflow._localrules or rule.norun,
+                                 **{k: v.value for k, v in rule.resources.items() if k in asked}}
+                     for rule in workflow.rules})
+print(json.dumps(read))
 """
+# The resources the first test gives on top of the embedded default.
+GIVEN = {"default": {"mem_mb": 1234, "runtime": 56}, "student_export": {"mem_mb": 4321, "runtime": 87}}
+# The timed rules' threads the third test gives.
+THREADS = {"threads": {"tagging_step_time": 5}, "parity": {"latency_threads": 3}, "writeback": {"threads": 6},
+           "benchmarks": {"threads": 7}}
 
 
 def _configfile(tmp_path, config: dict | None) -> list[str]:
@@ -51,21 +60,47 @@ def _configfile(tmp_path, config: dict | None) -> list[str]:
     return [str(path)]
 
 
-def _rules(tmp_path, *configs: str, extra: dict | None = None) -> dict[str, dict]:
+@pytest.fixture(scope="module")
+def rules(tmp_path_factory) -> dict[str, dict[str, dict]]:
+    """The rules as read with the embedded default and GIVEN ("given") and with config/paper.yaml
+    ("paper"): name -> {"local", "mem_mb", "runtime", "gpu"}."""
+    read = {"given": _configfile(tmp_path_factory.mktemp("rules"), {"resources": GIVEN}),
+            "paper": ["config/paper.yaml"]}
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
-    result = subprocess.run([sys.executable, "-c", RULES, *configs, *_configfile(tmp_path, extra)], cwd=ROOT,
-                            env=env, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", RULES, json.dumps(list(read.values()))], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.splitlines()[-1])
+    return dict(zip(read, json.loads(result.stdout.splitlines()[-1]), strict=True))
 
 
-def _dry_run(tmp_path, extra: dict | None, *args: str,
-             targets=("all", "benchmarks")) -> list[tuple[str, int, dict]]:
-    """(rule, threads, resources) of every job a forced dry run of `targets` plans."""
+def _dry_run_argv(tmp_path, extra: dict | None, *args: str, targets=("all", "benchmarks")) -> list[str]:
+    """The command line of a forced dry run of `targets`."""
     configs = [a for a in args if a.endswith(".yaml")] + _configfile(tmp_path, extra)
     options = [a for a in args if not a.endswith(".yaml")]
-    result = snakemake("-n", "--forceall", *targets, *options,
-                       *(["--configfile", *configs] if configs else []))
+    return ["-n", "--forceall", *targets, *options, *(["--configfile", *configs] if configs else [])]
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """Every dry run of the tests below, in one Snakemake process (conftest.snakemake_each)."""
+    folder = tmp_path_factory.mktemp("dry-runs")
+    asking = {name for name, entry in PAPER["resources"].items() if entry.get("gpu")}
+    argvs = {
+        "refused": ["-n", "--configfile",
+                    *_configfile(folder, {"resources": {"tagging_tables": {"mem_mb": 100}}})],
+        # 64 cores given: on a cluster they are not what a timed job asks for.
+        "cluster": _dry_run_argv(folder, THREADS, "--profile", "profiles/slurm", "--cores", "64"),
+        "local": _dry_run_argv(folder, THREADS, "--cores", "2"),
+        "gpu paper": _dry_run_argv(folder, None, "--profile", "profiles/slurm", "config/paper.yaml",
+                                   targets=("all",)),
+        "gpu none": _dry_run_argv(folder, {"resources": {name: {"gpu": 0} for name in asking}}, "--profile",
+                                  "profiles/slurm", "config/paper.yaml", targets=("all",)),
+    }
+    return dict(zip(argvs, snakemake_each(*argvs.values()), strict=True))
+
+
+def _jobs(result: subprocess.CompletedProcess) -> list[tuple[str, int, dict]]:
+    """(rule, threads, resources) of every job a dry run plans."""
     assert result.returncode == 0, result.stderr
     jobs = []
     for block in result.stdout.split("\n\n"):
@@ -79,9 +114,8 @@ def _dry_run(tmp_path, extra: dict | None, *args: str,
     return jobs
 
 
-def test_every_rule_that_runs_as_a_job_takes_memory_and_runtime_from_the_config(tmp_path):
-    given = {"default": {"mem_mb": 1234, "runtime": 56}, "student_export": {"mem_mb": 4321, "runtime": 87}}
-    rules = _rules(tmp_path, extra={"resources": given})
+def test_every_rule_that_runs_as_a_job_takes_memory_and_runtime_from_the_config(rules):
+    given, rules = GIVEN, rules["given"]
     jobs = {name for name, rule in rules.items() if not rule["local"]}
     # Among them the five that once declared none (Slurm's 1000 MB and no time limit).
     assert {"tagging_treebank", "tagging_ood", "tagging_baseline", "student_export", "student_parity"} <= jobs
@@ -94,37 +128,32 @@ def test_every_rule_that_runs_as_a_job_takes_memory_and_runtime_from_the_config(
     assert not [name for name, rule in rules.items() if "gpu" in rule]  # the embedded default asks none
 
 
-def test_a_resources_entry_for_a_rule_that_reads_none_is_refused(tmp_path):
-    (path,) = _configfile(tmp_path, {"resources": {"tagging_tables": {"mem_mb": 100}}})
-    result = snakemake("-n", "--configfile", path)
+def test_a_resources_entry_for_a_rule_that_reads_none_is_refused(dry_runs):
+    result = dry_runs["refused"]
     assert result.returncode != 0
     assert ("config: resources.tagging_tables: rule tagging_tables takes no resources from the config"
             in result.stdout + result.stderr)
 
 
-def test_timed_rules_take_the_workflow_cores_locally_and_their_config_threads_on_a_cluster(tmp_path):
-    config = {"threads": {"tagging_step_time": 5}, "parity": {"latency_threads": 3},
-              "writeback": {"threads": 6}, "benchmarks": {"threads": 7}}
+def test_timed_rules_take_the_workflow_cores_locally_and_their_config_threads_on_a_cluster(dry_runs):
     on_cluster = {"parity_latency": 3, "tagging_step_time": 5, "writeback_speed": 6, "benchmarks_encoders": 7}
-    # 64 cores given: on a cluster they are not what a timed job asks for.
-    jobs = _dry_run(tmp_path, config, "--profile", "profiles/slurm", "--cores", "64")
+    jobs = _jobs(dry_runs["cluster"])  # with THREADS and 64 cores
     assert TIMED <= {name for name, _, _ in jobs}
     for name, threads, resources in jobs:
         assert threads == on_cluster.get(name, 1), (name, threads)
         assert (resources.get("slurm_extra") == "--exclusive") == (name in TIMED), (name, resources)
     cores = min(2, len(os.sched_getaffinity(0)))  # --cores beyond the machine's are capped (common.smk)
-    for name, threads, _ in _dry_run(tmp_path, config, "--cores", "2"):
+    for name, threads, _ in _jobs(dry_runs["local"]):  # with THREADS and 2 cores
         assert threads == (cores if name in TIMED else 1), (name, threads)
 
 
 @pytest.mark.parametrize("gpus", ["paper", "none"])
-def test_a_job_goes_to_a_gpu_partition_exactly_when_it_asks_for_a_gpu(tmp_path, gpus):
+def test_a_job_goes_to_a_gpu_partition_exactly_when_it_asks_for_a_gpu(dry_runs, gpus):
     from snakemake_executor_plugin_slurm.partitions import get_best_partition, read_partition_file
 
     asking = {name for name, entry in PAPER["resources"].items() if entry.get("gpu")}
     assert asking >= {"tagging_train", "student_distill"}
-    extra = None if gpus == "paper" else {"resources": {name: {"gpu": 0} for name in asking}}
-    jobs = _dry_run(tmp_path, extra, "--profile", "profiles/slurm", "config/paper.yaml", targets=("all",))
+    jobs = _jobs(dry_runs[f"gpu {gpus}"])  # none: each of them given gpu 0
     partitions = read_partition_file(ROOT / "profiles/slurm" / PROFILE["slurm-partition-config"])
     quiet = SimpleNamespace(info=lambda *_: None, debug=lambda *_: None, warning=lambda *_: None)
     chosen = {}
@@ -139,7 +168,7 @@ def test_a_job_goes_to_a_gpu_partition_exactly_when_it_asks_for_a_gpu(tmp_path, 
     assert all(found == {"cpu"} for name, found in chosen.items() if name not in expected_gpu), chosen
 
 
-def test_the_cluster_profile_names_partitions_and_slurm_options_only(tmp_path):
+def test_the_cluster_profile_names_partitions_and_slurm_options_only(rules):
     # The workflow profile (read too, and winning) sets none of the keys the cluster profile sets.
     local = yaml.safe_load((ROOT / "profiles/default/config.yaml").read_text())
     assert not set(local) & set(PROFILE), set(local) & set(PROFILE)
@@ -148,7 +177,7 @@ def test_the_cluster_profile_names_partitions_and_slurm_options_only(tmp_path):
     assert (ROOT / "profiles/slurm" / PROFILE["slurm-partition-config"]).is_file()
     assert PROFILE["set-resources"] == {name: {"slurm_extra": "'--exclusive'"} for name in TIMED}
     # Downloads, joins, tables and checks run on the submitting host; models run as jobs.
-    rules = _rules(tmp_path, "config/paper.yaml")
+    rules = rules["paper"]
     for name in ("export_acquire", "parity_fetch", "tagging_fetch", "tagging_tables", "provenance_join",
                  "parity_table_latency", "retrieval_verify", "verify"):
         assert rules[name]["local"], name
