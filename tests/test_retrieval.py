@@ -42,19 +42,30 @@ command = cli_runner("retrieval")
 
 @pytest.fixture(scope="module")
 def built(tiny_exports, models_dir, tmp_path_factory):
-    """xlmr-tiny with random heads, made and exported by the commands the workflow runs."""
+    """xlmr-tiny with random heads, made and exported by the commands the workflow runs (with SETTINGS);
+    "returned": what retrieval.export_graph returned to the export command."""
     source = models_dir / "sources" / "xlmr-tiny" / "source.json"
     base = tmp_path_factory.mktemp("retrieval")
     prov = base / "provenance" / "retrieval"
     assert command("heads", "--source", str(source), "--seed", "0", "--out-dir", str(base / "heads"),
                    "--provenance", str(prov / "retrieval_heads.md")) == 0
-    assert command(
-        "export", "--source", str(source), "--heads-dir", str(base / "heads"),
-        "--out-dir", str(base / "model"),
-        "--parity", str(base / "parity.csv"), "--markdown", str(base / "parity.md"),
-        "--opset", "18", "--tolerance", "1e-4", "--ort-optimization", "basic", "--external-data", "auto",
-        "--threads", "1", "--provenance", str(prov / "retrieval_export.md")) == 0
-    return {"base": base, "source": source, "model": base / "model", "heads": base / "heads"}
+    real, returned = retrieval.export_graph, []
+
+    def export_graph(*args, **kwargs):
+        returned.append(real(*args, **kwargs))
+        return returned[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(retrieval, "export_graph", export_graph)
+        assert command(
+            "export", "--source", str(source), "--heads-dir", str(base / "heads"),
+            "--out-dir", str(base / "model"),
+            "--parity", str(base / "parity.csv"), "--markdown", str(base / "parity.md"),
+            "--opset", "18", "--tolerance", "1e-4", "--ort-optimization", "basic", "--external-data", "auto",
+            "--threads", "1", "--provenance", str(prov / "retrieval_export.md")) == 0
+    (exported,) = returned
+    return {"base": base, "source": source, "model": base / "model", "heads": base / "heads",
+            "returned": exported}
 
 
 @pytest.fixture(scope="module")
@@ -225,8 +236,8 @@ def test_parity_table_and_provenance(built):
     assert "| check the graph in ONNX Runtime, case by case |" in fragment
 
 
-def test_memory_of_each_phase(built, tmp_path):
-    record, rows, memory = retrieval.export_graph(built["source"], built["heads"], tmp_path / "m", SETTINGS)
+def test_memory_of_each_phase(built):
+    record, rows, memory = built["returned"]
     assert [p["phase"] for p in memory.phases] == [
         "FlagEmbedding's outputs for every case",
         "load the PyTorch model; the project's reference of every case",
@@ -234,7 +245,7 @@ def test_memory_of_each_phase(built, tmp_path):
         "check the graph in ONNX Runtime, case by case"]
     assert memory.reset  # Linux: each phase's peak is its own
     assert all(p["peak_mib"] >= p["resident_before_mib"] > 0 for p in memory.phases)
-    assert memory.model_bytes == (tmp_path / "m" / ONNX_FILE).stat().st_size
+    assert memory.model_bytes == (built["model"] / ONNX_FILE).stat().st_size
     assert memory.peak["peak_mib"] == max(p["peak_mib"] for p in memory.phases)
     ratio = memory.peak["peak_mib"] * 2**20 / memory.model_bytes
     assert f"{ratio:.2f} x the graph's {memory.model_bytes:,} bytes" in memory.note()
