@@ -74,10 +74,10 @@ def exports(tiny_exports, minilm_export) -> dict[str, Path]:
 
 # -- pytest-xdist: the README's test command runs the suite on two workers (-n 2; --dist loadscope) ------
 # A group runs on one worker. Each test file is a group, so that its module fixtures are made once; the
-# files that read the session's small_workflow run are one group, so that it is made once. The two
-# longest groups start first, side by side, instead of one of them last.
-SHARED_RUN = ("test_slurm.py", "test_workflow.py")  # test_slurm first: test_workflow edits the run last
-FIRST = ("small_workflow", "test_rehearsal.py")
+# files that read the session's small_workflow run are one group, so that it is made once. That group,
+# the longest, starts first; the other worker meanwhile takes the rest.
+SHARED_RUN = ("test_slurm.py", "test_rehearsal.py", "test_workflow.py")  # test_workflow edits the run last
+FIRST = ("small_workflow",)
 
 
 def _group(path: str) -> str:
@@ -98,7 +98,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return Groups(config, log)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the marks below count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "small_workflow" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
     if hasattr(config, "workerinput"):  # an xdist worker: the order the groups are handed out in
         rank = {group: index for index, group in enumerate(FIRST)}
         items.sort(key=lambda item: rank.get(_group(item.nodeid.split("::", 1)[0]), len(FIRST)))
@@ -150,46 +154,38 @@ def snakemake(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
-# The one real run of the workflow that the end-to-end tests share: tests/test_workflow.py reads it and
-# tests/test_slurm.py compares a cluster run of some of its targets with it. One tiny model, a tiny
-# treebank and student, every recipe. Timed cells of 0 s (one call each, no calibration): the timing
-# tables are read, their numbers are not. Latency at 1 thread and these resources: the slurm test's node
-# must fit its jobs, and it recognises the resources in them.
-SMALL_CONFIG = """\
-models:
-  - {name: bert-tiny, source: tiny, architecture: config/models/bert-tiny.json, seed: 0}
-texts: {tatoeba: config/texts/tatoeba_sample.tsv, udhr: config/texts/udhr_sample, tatoeba_count: 12,
-        udhr_count: 4}
-parity: {latency_runs: 2, latency_warmup: 1, latency_threads: 1, latency_batches: [1]}
-timing: {min_seconds: 0}
-treebank: {sizes: {train: 60, dev: 20, test: 20}}
-tagging:
-  runs: [{name: tiny-frozen, model: bert-tiny, mode: frozen, epochs: 2},
-         {name: student-tuned, model: student, mode: finetuned, max_steps: 2, warmup: 1, eval_every: 1}]
-  comparisons: [[tiny-frozen, baseline]]
-  resamples: 200
-  step_time: {models: [bert-tiny], batch: 2, length: 8}
-writeback: {speed_sentences: 8, speed_repeats: 1}
-student:
-  teacher: bert-tiny
-  architecture: {layers: 2, width: 32, heads: 2, intermediate: 64, embedding_width: 8}
-  training: {steps: 4, batch_windows: 4, window_lengths: [16], chunk_steps: 2, log_every: 2, stats_windows: 4}
-resources:
-  default: {mem_mb: 1234, runtime: 56}
-  tagging_treebank: {mem_mb: 1300, runtime: 57}
-"""
+# The one real run of the workflow that the end-to-end tests share (tests/test_workflow.py and
+# tests/test_rehearsal.py read it; tests/test_slurm.py compares a cluster run of some of its targets with
+# it): the scaled-down rehearsal of the study, config/paper.yaml with config/rehearsal.yaml and
+# tests/data/rehearsal-small.yaml over it. They are merged as Snakemake merges --configfile files over the
+# Snakefile's config/config.yaml, and written as the copy's config/config.yaml, so that every later command
+# in the copy (a dry run, --report, verify) reads the run's config without repeating the list.
+SHARED_CONFIGS = ("config/config.yaml", "config/paper.yaml", "config/rehearsal.yaml",
+                  "tests/data/rehearsal-small.yaml")
 
 
-def small_copy(target: Path) -> Path:
-    """A copy of the workflow whose config is SMALL_CONFIG."""
+def shared_config() -> dict:
+    """The config of the shared run: SHARED_CONFIGS merged in order (snakemake.utils.update_config)."""
+    import yaml
+    from snakemake.utils import update_config
+
+    config: dict = {}
+    for name in SHARED_CONFIGS:
+        update_config(config, yaml.safe_load((ROOT / name).read_text(encoding="utf-8")))
+    return config
+
+
+def small_copy(target: Path, **replace) -> Path:
+    """A copy of the workflow whose config is shared_config(), with top-level keys replaced by `replace`."""
     copy_workflow(target)
-    (target / "config" / "config.yaml").write_text(SMALL_CONFIG)
+    config = {**shared_config(), **replace}
+    (target / "config" / "config.yaml").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
     return target
 
 
 @pytest.fixture(scope="session")
 def small_workflow(tmp_path_factory) -> Path:
-    """small_copy run once to completion: `snakemake --cores 2 all`."""
+    """small_copy run once to completion: `snakemake --cores 2 all`, every rule of the study."""
     copy = small_copy(tmp_path_factory.mktemp("workflow"))
     result = snakemake("--cores", "2", "all", cwd=copy)
     assert result.returncode == 0, result.stdout + result.stderr

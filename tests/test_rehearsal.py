@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, cli_runner, copy_workflow, snakemake
+from conftest import ROOT, cli_runner
 from encoder_study import provenance, rehearsal
 from encoder_study.student import data
 
@@ -248,23 +248,11 @@ def test_a_command_does_not_report_the_peak_of_the_process_that_started_it(tmp_p
     assert int(out) < 300
 
 
-@pytest.mark.slow
-def test_scaled_down_rehearsal_runs_every_rule_of_the_study_and_measures_it(tmp_path):
+def test_scaled_down_rehearsal_runs_every_rule_of_the_study_and_measures_it(small_workflow):
     """config/rehearsal.yaml over config/paper.yaml, as the full rehearsal, with small architecture files and
-    one tagging run of each kind (tests/data/rehearsal-small.yaml)."""
-    copy = copy_workflow(tmp_path / "workflow", "tests/data")
-    result = snakemake(
-        "--cores",
-        "2",
-        "all",
-        "--configfile",
-        "config/paper.yaml",
-        "config/rehearsal.yaml",
-        "tests/data/rehearsal-small.yaml",
-        cwd=copy,
-    )
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-
+    one tagging run of each kind (tests/data/rehearsal-small.yaml): the suite's shared run
+    (conftest.small_workflow)."""
+    copy = small_workflow
     rows = {
         r["rule"]: r
         for r in csv.DictReader((copy / "results/rehearsal/resources.csv").open(encoding="utf-8"))

@@ -177,18 +177,20 @@ def test_the_real_data_config_resolves_with_local_copies(dry_runs):
 
 def test_all_exports_with_manifest_and_provenance(small_workflow):
     for name in ("model.onnx", "tokenizer.json", "model.config.json", "export.json"):
-        assert (small_workflow / "results/models/bert-tiny" / name).is_file()
+        assert (small_workflow / "results/models/mmbert-base" / name).is_file()
     joined = (small_workflow / "provenance/export/PROVENANCE.md").read_text()
-    assert joined.index("export_acquire (bert-tiny)") < joined.index("export_model (bert-tiny)")
-    assert "results/models/bert-tiny/model.onnx" in joined
+    assert joined.index("export_acquire (mmbert-base)") < joined.index("export_model (mmbert-base)")
+    assert "results/models/mmbert-base/model.onnx" in joined
     for table in ("inference", "trainable", "latency"):
-        assert (small_workflow / f"results/parity/{table}.csv").read_text().count("\nbert-tiny,") >= 1
+        assert (small_workflow / f"results/parity/{table}.csv").read_text().count("\nmmbert-base,") >= 1
     assert len((small_workflow / "results/texts/parity_texts.jsonl").read_text().splitlines()) == 16
     scores = (small_workflow / "results/tagging/scores.csv").read_text()
-    # dev, test and the default's synthetic out-of-domain set `ood` (treebank.extra_tests)
-    assert scores.count("\ntiny-frozen,") == 3 and scores.count("\nbaseline,") == 3
-    assert ",ood," in scores and (small_workflow / "results/tagging/tiny-frozen/ood.pred.conllu").is_file()
-    assert (small_workflow / "results/tagging/comparisons.csv").read_text().count("tiny-frozen,baseline") == 3
+    # dev, test and the study's out-of-domain set `pud` (treebank.extra_tests; the rehearsal's stand-in)
+    assert scores.count("\nmmbert-frozen-mean,") == 3 and scores.count("\nbaseline,") == 3
+    assert ",pud," in scores
+    assert (small_workflow / "results/tagging/mmbert-frozen-mean/pud.pred.conllu").is_file()
+    comparisons = (small_workflow / "results/tagging/comparisons.csv").read_text()
+    assert comparisons.count("mmbert-frozen-mean,baseline") == 3
     assert (small_workflow / "results/tagging/step_time.csv").is_file()
 
 
@@ -200,13 +202,13 @@ def test_all_ends_with_a_run_crate_that_passes_the_provenance_run_crate_profile(
 
 def test_all_distils_the_student_and_writes_its_fine_tuned_graph_back(small_workflow):
     training = (small_workflow / "results/student/training.csv").read_text().splitlines()
-    assert training[0].startswith("step,loss,") and len(training) == 3  # steps 2 and 4, in two chunks
+    assert training[0].startswith("step,loss,") and len(training) == 3  # steps 1 and 2, in two chunks
     assert not (small_workflow / "results/checkpoints/student/distill.pt").exists()  # removed once done
     parity = (small_workflow / "results/student/parity.csv").read_text()
     assert "trainable vs transformers" in parity and "graph runtime vs transformers" in parity
     scores = (small_workflow / "results/tagging/scores.csv").read_text()
-    assert scores.count("\nstudent-tuned,") == 3
-    assert (small_workflow / "results/writeback/student-tuned/pipeline.encoder0.onnx").is_file()
+    assert scores.count("\nstudent-finetuned,") == 3
+    assert (small_workflow / "results/writeback/student-finetuned/pipeline.encoder0.onnx").is_file()
     header, row = (small_workflow / "results/writeback/agreement.csv").read_text().splitlines()[:2]
     assert dict(zip(header.split(","), row.split(","), strict=True))["differing_tokens"] == "0"
     for recipe in ("student", "writeback"):
@@ -220,11 +222,11 @@ def test_fragments_name_the_weights_read_without_dot_dot_and_one_environment(sma
     records = {provenance.record_name(r): r for _, r in found}
     paths = [e["path"] for r in records.values() for e in r["files"]]
     assert paths and not [p for p in paths if ".." in Path(p).parts]
-    weights = "results/sources/bert-tiny/model/model.safetensors"
-    for job in ("export/export_model-bert-tiny", "parity/parity_inference-bert-tiny"):
+    weights = "results/sources/mmbert-base/model/model.safetensors"
+    for job in ("export/export_model-mmbert-base", "parity/parity_inference-mmbert-base"):
         inputs = {e["path"]: e["sha256"] for e in records[job]["files"] if e["role"] == "input"}
         assert inputs[weights] == files.sha256_file(small_workflow / weights), job
-    pipeline = records["writeback/writeback_pipeline-student-tuned"]
+    pipeline = records["writeback/writeback_pipeline-student-finetuned"]
     assert "results/models/student/model.onnx" in [e["path"] for e in pipeline["files"]]
     environments = {(r["environment"]["path"], r["environment"]["sha256"]) for r in records.values()}
     assert len(environments) == 1  # one environment file for the whole run
@@ -288,12 +290,17 @@ def test_report_holds_every_table_and_plot_with_a_caption(small_workflow):
         assert "Method:" in caption and "<strong>Recorded</strong> (from the run" in caption, path
         assert "not recorded in this run" not in caption, path
     assert "synthetic treebank" in results["results/tagging/scores.csv"]["caption"]
+    # The student's corpus in words: the rehearsal's stand-ins of paper.yaml's streamed corpora.
+    corpora = ("on streamed corpora: HuggingFaceFW/fineweb-2 (fra_Latn, rus_Cyrl, local stand-ins), "
+               "wikimedia/wikipedia (20231101.en, local stand-ins)")
+    assert corpora in results["results/student/training.png"]["caption"]
+    assert not [path for path, entry in results.items() if "None and None" in entry["caption"]]
     assert "project's own multilingual sample" in results["results/parity/inference.csv"]["caption"]
     # The scores as a table, each accuracy with its interval in one cell.
     assert "<table>" in scores and "UPOS [95% CI]" in scores
     # The landing page: the study, the headline tables, the run's digest and its config file.
     digest = (small_workflow / "ro-crate-metadata.sha256").read_text().split()[0]
-    assert "The encoder study: this run" in landing and "tiny-frozen - baseline" in landing
+    assert "The encoder study: this run" in landing and "mmbert-frozen-mean - baseline" in landing
     assert digest in landing and "config/config.yaml" in landing
 
 
@@ -305,7 +312,7 @@ def test_report_captions_are_the_runs_whatever_the_config(small_workflow, tmp_pa
     _, told, told_landing, _ = _report(small_workflow, "told.zip", "--configfile", str(other))
     assert {p: e["caption"] for p, e in told.items()} == {p: e["caption"] for p, e in ran.items()}
     assert told_landing == ran_landing
-    assert "200 sentence resamples" in ran["results/tagging/scores.csv"]["caption"]
+    assert "1,000 sentence resamples" in ran["results/tagging/scores.csv"]["caption"]
 
 
 @pytest.mark.parametrize("cores, cpus", [("1", None), ("5", "0"), (None, None)])
@@ -325,7 +332,7 @@ def test_a_finished_run_stays_finished_whatever_the_cores(small_workflow, cores,
 def test_verify_passes_then_catches_a_changed_output(small_workflow):
     ok = snakemake("--cores", "1", "verify", cwd=small_workflow)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    table = small_workflow / "results/models/bert-tiny/model.config.json"
+    table = small_workflow / "results/models/mmbert-base/model.config.json"
     original = table.read_bytes()
     table.write_bytes(original + b"\n")
     try:

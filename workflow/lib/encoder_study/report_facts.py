@@ -117,10 +117,8 @@ def student_description(settings: Mapping) -> str:
 
 
 def corpus(settings: Mapping) -> str:
-    if settings.get("streams"):
-        names = [s.get("name", s.get("path", "?")) if isinstance(s, Mapping) else str(s)
-                 for s in parsed(settings["streams"])]
-        return f"streamed corpora ({', '.join(names)})"
+    if settings.get("streams"):  # commands/student.py: each dataset with its configs
+        return f"streamed corpora: {settings['streams']}"
     if all(str(settings.get(k, "")).startswith(SAMPLE_DIR) for k in ("tatoeba", "udhr")):
         return "the project's own multilingual sample"
     return f"{settings.get('tatoeba')} and {settings.get('udhr')}"

@@ -57,6 +57,10 @@ def _stream_notes(frag, pinned) -> None:
                       "read the same data")
             print(f"encoder-study student distill: {dataset} read at revision {revision} (not pinned: put it "
                   "in the config's student.corpus.streams[].revision)", file=sys.stderr)
+    # The corpora by name (the streams' JSON is left out of the settings: long), for the report's caption.
+    frag.settings["streams"] = ", ".join(
+        f"{p.source.dataset} ({', '.join(sorted(p.source.configs.values()))}"
+        f"{', local stand-ins' if p.source.local is not None else ''})" for p in pinned)
     frag.settings["stream revisions"] = ", ".join(
         sorted({f"{p.source.dataset}@{p.source.revision}" for p in pinned if p.source.local is None}))
 
