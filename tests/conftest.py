@@ -76,7 +76,9 @@ def exports(tiny_exports, minilm_export) -> dict[str, Path]:
 # A group runs on one worker. Each test file is a group, so that its module fixtures are made once; the
 # files that read the session's small_workflow run are one group, so that it is made once. That group,
 # the longest, starts first; the other worker meanwhile takes the rest.
-SHARED_RUN = ("test_slurm.py", "test_rehearsal.py", "test_workflow.py")  # test_workflow edits the run last
+# In this order: test_slurm starts the cluster's run before the shared run is made, to run beside it;
+# test_workflow edits the run last.
+SHARED_RUN = ("test_slurm.py", "test_rehearsal.py", "test_workflow.py")
 FIRST = ("small_workflow",)
 
 
@@ -105,7 +107,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
     if hasattr(config, "workerinput"):  # an xdist worker: the order the groups are handed out in
         rank = {group: index for index, group in enumerate(FIRST)}
-        items.sort(key=lambda item: rank.get(_group(item.nodeid.split("::", 1)[0]), len(FIRST)))
+
+        def order(item: pytest.Item) -> tuple[int, int]:
+            name = item.nodeid.split("::", 1)[0]
+            within = SHARED_RUN.index(name.rsplit("/", 1)[-1]) if _group(name) == "small_workflow" else 0
+            return rank.get(_group(name), len(FIRST)), within
+        items.sort(key=order)
 
 
 # -- running the commands --------------------------------------------------------------------------
