@@ -20,6 +20,7 @@ from encoder_study import files, manifest, runtime
 from encoder_study.frozen import EncoderError, FrozenEncoder
 from encoder_study.tokens import (
     Doc,
+    DocPieces,
     PieceTokenizer,
     TokenizerError,
     WordPieces,
@@ -222,12 +223,33 @@ def test_pooling_gives_a_plain_loop_s_bytes():
             assert got.tobytes() == expected.tobytes()
 
 
+def plain_prepare(tok: PieceTokenizer, doc: Doc, max_length: int) -> DocPieces:
+    """One document as encoder_study.tokens' docstring describes it, step by step on its own: the
+    reference for prepare_joined (and prepare_many, cut from it)."""
+    ids, offsets = tok.encode(doc.text)
+    windows = cut_windows(len(ids), tok.window_size(max_length))
+    owner = nearest_windows(len(ids), windows) if len(windows) > 1 else np.zeros(len(ids), np.int64)
+    starts = np.asarray([start for start, _ in windows], dtype=np.int64)
+    row = np.arange(len(ids), dtype=np.int64) - starts[owner] + len(tok.prefix)
+    return DocPieces(ids, offsets, windows, tuple(tok.wrap(ids[a:b]) for a, b in windows), owner, row,
+                     word_pieces(offsets, doc.words))
+
+
 @pytest.mark.parametrize("name", TINY)
 def test_joined_pieces_are_each_document_s_pieces_laid_out(tiny_exports, name):
     tok = PieceTokenizer(tiny_exports[name] / manifest.TOKENIZER_FILE)
     docs = [DOCS[0], Doc.from_words(long_text(3).split()), Doc("", ()), SPLIT_DOC, Doc.from_words(["\u200b"]),
             DOCS[3], Doc.from_words(long_text(4).split()), DOCS[4]]
-    alone = [tok.prepare(doc, 16) for doc in docs]
+    alone = [plain_prepare(tok, doc, 16) for doc in docs]
+    # Each document cut back out of the joined arrays is the plain one.
+    for got, want in zip(tok.prepare_many(docs, 16), alone, strict=True):
+        assert got.ids.tolist() == want.ids.tolist() and got.offsets.tolist() == want.offsets.tolist()
+        assert got.windows == want.windows
+        assert [w.tolist() for w in got.inputs] == [w.tolist() for w in want.inputs]
+        assert got.owner.tolist() == want.owner.tolist() and got.row.tolist() == want.row.tolist()
+        assert got.words.n_words == want.words.n_words
+        assert got.words.word.tolist() == want.words.word.tolist()
+        assert got.words.piece.tolist() == want.words.piece.tolist()
     joined = tok.prepare_joined(docs, 16)
     assert sum(len(p.windows) > 2 for p in alone) >= 2  # documents of several windows
     assert joined.piece_start.tolist() == np.cumsum([0] + [len(p) for p in alone]).tolist()

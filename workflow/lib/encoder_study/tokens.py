@@ -15,10 +15,10 @@ The steps for one document:
 4. A piece belongs to every word whose character range it overlaps; a word's vector is the mean of
    its pieces' vectors (`mean`) or its first piece's (`first`), zeros when no piece overlaps it.
 
-`PieceTokenizer.prepare_many` does the same for many documents at once (one batch encode, one word
-mapping over all of them): on short documents, per-document numpy calls cost more than the work.
-`PieceTokenizer.prepare_joined` gives the same in flat arrays over all documents (`JoinedPieces`), for
-a caller that runs every window of a call together (the frozen encoder).
+`PieceTokenizer.prepare_joined` does this for many documents at once, in flat arrays over all of them
+(`JoinedPieces`: one batch encode, one word mapping, every window wrapped at once): on short documents,
+per-document numpy calls cost more than the work. The frozen encoder runs those arrays as they are;
+`prepare_many` (and `prepare`, for one document) cuts them back into each document's `DocPieces`.
 """
 
 from __future__ import annotations
@@ -179,19 +179,6 @@ def word_pieces(offsets: np.ndarray, words: Sequence[tuple[int, int]]) -> WordPi
     return _word_pieces_in_order(offsets, spans)
 
 
-def word_pieces_many(offsets: Sequence[np.ndarray],
-                     words: Sequence[Sequence[tuple[int, int]]]) -> list[WordPieces]:
-    """`word_pieces` of several documents, mapped at once (`word_pieces_joined`), cut back into documents."""
-    n_pieces = [len(o) for o in offsets]
-    piece_start = np.cumsum([0] + n_pieces)
-    joined = word_pieces_joined(np.concatenate([np.zeros((0, 2), np.int64), *offsets]), piece_start, words)
-    n_words = [len(w) for w in words]
-    word_start = np.cumsum([0] + n_words)
-    cuts = np.searchsorted(joined.word, word_start)  # each document's pairs, as its words, are one run
-    return [WordPieces(n_words[d], joined.word[cuts[d]:cuts[d + 1]] - word_start[d],
-                       joined.piece[cuts[d]:cuts[d + 1]] - piece_start[d]) for d in range(len(n_words))]
-
-
 def word_pieces_joined(offsets: np.ndarray, piece_start: np.ndarray,
                        words: Sequence[Sequence[tuple[int, int]]]) -> WordPieces:
     """`word_pieces` of several documents laid one after another, as `join_word_pieces` lays them:
@@ -288,6 +275,25 @@ class JoinedPieces:
     row: np.ndarray                 # int64 [n_pieces]: its row in that window's output
     words: WordPieces
     word_start: np.ndarray          # int64 [docs + 1]
+    offsets: np.ndarray             # int64 [n_pieces, 2]: character ranges into each document's text
+    spans: np.ndarray               # int64 [windows, 2]: each window's piece range [start, end) in ids
+    first_window: np.ndarray        # int64 [docs + 1]: where each document's windows start
+
+    def documents(self) -> list[DocPieces]:
+        """Each document's DocPieces: its slices of the arrays, its pieces, windows and words numbered
+        from its own first."""
+        pieces, windows, words = (a.tolist() for a in (self.piece_start, self.first_window, self.word_start))
+        pairs = np.searchsorted(self.words.word, self.word_start).tolist()  # a document's pairs: one run
+        out = []
+        for d in range(len(pieces) - 1):
+            a, b, j, k, p, q = pieces[d], pieces[d + 1], windows[d], windows[d + 1], pairs[d], pairs[d + 1]
+            out.append(DocPieces(
+                ids=self.ids[a:b], offsets=self.offsets[a:b],
+                windows=tuple(map(tuple, (self.spans[j:k] - a).tolist())), inputs=self.inputs[j:k],
+                owner=self.window[a:b] - j, row=self.row[a:b],
+                words=WordPieces(words[d + 1] - words[d], self.words.word[p:q] - words[d],
+                                 self.words.piece[p:q] - a)))
+        return out
 
 
 class PieceTokenizer:
@@ -372,32 +378,14 @@ class PieceTokenizer:
 
     def prepare(self, doc: Doc, max_length: int) -> DocPieces:
         """Encode, cut into windows and map the words of one document."""
-        ids, offsets = self.encode(doc.text)
-        return self._assemble(ids, offsets, word_pieces(offsets, doc.words), self.window_size(max_length))
+        return self.prepare_many([doc], max_length)[0]
 
     def prepare_many(self, docs: Sequence[Doc], max_length: int) -> list[DocPieces]:
-        """`prepare` of each document; the texts are encoded and the words mapped together."""
-        size = self.window_size(max_length)
-        encoded = self.encode_many([doc.text for doc in docs])
-        offsets = [o for _, o in encoded]
-        words = word_pieces_many(offsets, [doc.words for doc in docs])
-        return [self._assemble(ids, o, w, size) for (ids, o), w in zip(encoded, words, strict=True)]
-
-    def _assemble(self, ids: np.ndarray, offsets: np.ndarray, words: WordPieces, size: int) -> DocPieces:
-        windows = cut_windows(len(ids), size)
-        if len(windows) == 1:  # the usual case, and what nearest_windows would say
-            owner = np.zeros(len(ids), dtype=np.int64)
-        else:
-            owner = nearest_windows(len(ids), windows)
-        starts = np.asarray([start for start, _ in windows], dtype=np.int64)
-        row = np.arange(len(ids), dtype=np.int64) - starts[owner] + len(self.prefix)
-        return DocPieces(
-            ids=ids, offsets=offsets, windows=windows,
-            inputs=tuple(self.wrap(ids[start:end]) for start, end in windows),
-            owner=owner, row=row, words=words)
+        """`prepare` of each document: `prepare_joined`, cut back into documents."""
+        return self.prepare_joined(docs, max_length).documents()
 
     def prepare_joined(self, docs: Sequence[Doc], max_length: int) -> JoinedPieces:
-        """What `prepare_many` gives, in flat arrays over all documents (JoinedPieces)."""
+        """Every document encoded, cut into windows and its words mapped, in flat arrays (JoinedPieces)."""
         size = self.window_size(max_length)
         ids, offsets, piece_start = self.encode_joined([doc.text for doc in docs])
         words = word_pieces_joined(offsets, piece_start, [doc.words for doc in docs])
@@ -411,7 +399,7 @@ class PieceTokenizer:
         window_size = np.repeat(n_pieces, n_windows)
         window = np.repeat(first, n_pieces)
         row = np.arange(len(ids), dtype=np.int64) - np.repeat(piece_start[:-1], n_pieces) + len(self.prefix)
-        for d, windows in long.items():  # as _assemble reads a document of several windows
+        for d, windows in long.items():  # a document of several windows: each piece to its nearest
             starts = np.asarray([start for start, _ in windows], dtype=np.int64)
             at = slice(first[d], first[d] + len(windows))
             window_start[at] = piece_start[d] + starts
@@ -421,8 +409,9 @@ class PieceTokenizer:
             window[mine] = first[d] + owner
             row[mine] = np.arange(n_pieces[d]) - starts[owner] + len(self.prefix)
         word_start = np.cumsum([0] + [len(doc.words) for doc in docs])
+        spans = np.stack([window_start, window_start + window_size], axis=1)
         return JoinedPieces(ids, piece_start, self._wrap_windows(ids, window_start, window_size),
-                            window, row, words, word_start)
+                            window, row, words, word_start, offsets, spans, np.append(first, len(spans)))
 
     def _wrap_windows(self, ids: np.ndarray, window_start: np.ndarray,
                       window_size: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -117,11 +117,10 @@ class TrainableEncoder(nn.Module):
     def forward_flat(self, docs: Sequence[Doc]) -> tuple[torch.Tensor, np.ndarray]:
         """(vectors [total words, width], offsets int64 [len(docs) + 1]): document d's words are rows
         offsets[d]:offsets[d + 1]."""
-        prepared = []
         for doc in docs:
             if not isinstance(doc, Doc):
                 raise TypeError(f"TrainableEncoder takes encoder_study.tokens.Doc, got {type(doc).__name__}")
-            prepared.append(self.tokenizer.prepare(doc, self.max_length))
+        prepared = self.tokenizer.prepare_many(docs, self.max_length)
         piece_offsets = np.cumsum([0] + [len(p) for p in prepared])
         word_offsets = np.cumsum([0] + [p.words.n_words for p in prepared])
         device = self.encoder.tokens.weight.device
