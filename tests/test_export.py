@@ -64,6 +64,9 @@ def test_manifest_lists_every_file_with_its_hash(tiny_exports):
     assert record["exporter"]["dynamo"] is False and record["exporter"]["opset"] == 17
     assert record["check"]["relative"] <= record["check"]["tolerance"]
     assert set(record["libraries"]) >= {"torch", "transformers", "onnx", "onnxruntime"}
+    # which graph variant is published, against which others, and why
+    assert record["graph"]["variant"] == "exported" and record["graph"]["why"]
+    assert record["graph"]["alternatives"] == ["ort-fusions", "ort-attention"]
 
 
 def test_modernbert_check_batch_goes_beyond_the_window(tiny_exports):

@@ -183,6 +183,7 @@ def test_export_names_layout_and_graph(student, exported, teacher):
     assert record["source"] == "student" and record["distillation"] == {"checkpoint_sha256": "ab" * 32}
     assert sorted(e["path"] for e in record["files"]) == sorted(manifest.MODEL_FILES)
     assert record["check"]["relative"] <= 1e-4 and record["architecture"]["embedding_width"] == 8
+    assert record["graph"]["variant"] == "exported"
 
 
 def test_export_is_deterministic_and_refuses_without_publishing(student, exported, teacher, tmp_path):

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import files, machine, manifest, provenance, tables
 from .errors import UserError
-from .onnx import checked_export
+from .onnx import checked_export, fusion
 from .reference import HiddenStates, load_pytorch, source_dir
 from .runtime import usable_positions
 
@@ -70,6 +70,7 @@ def export(source_json: str | os.PathLike, out_dir: str | os.PathLike, settings:
                                                        attn_implementation="eager"),
             "architecture": _architecture(model),
             "check": check,
+            "graph": fusion.PUBLISHED,
         }
         return checked_export.publish(stage, out_dir, record)
 

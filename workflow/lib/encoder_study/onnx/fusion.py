@@ -37,6 +37,17 @@ VARIANTS = {
     "ort-attention": {"enable_skip_layer_norm": False, "enable_embed_layer_norm": False},
 }
 MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "modernbert": "bert"}
+# The variant an encoder's export publishes, and why: its export.json's `graph` (the model exports and
+# the student's). `snakemake benchmarks` times every variant beside it on each run (part `graphs`).
+PUBLISHED = {
+    "variant": "exported",
+    "alternatives": [v for v in VARIANTS if v != "exported"],
+    "why": ("the fastest variant changed from run to run, by a few percent either way, on MiniLM at 8 x 128 "
+            "(benchmarks part graphs; CHANGELOG.md), all within the same tolerance of transformers; the "
+            "optimizer's Attention fusion packs each layer's query, key and value weights into one tensor, "
+            "while a written graph (writeback) replaces the exported graph's tensors by name; ONNX Runtime "
+            "applies its own session-level fusions to the published graph when it loads it"),
+}
 
 
 class FusionError(ValueError):

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import files, machine, manifest, provenance
-from ..onnx import checked_export
+from ..onnx import checked_export, fusion
 from ..trainable.postnorm import PostNormEncoder, student_names
 from . import StudentError
 from .architecture import parameter_count
@@ -290,6 +290,7 @@ def _record(encoder: PostNormEncoder, name: str, teacher: dict, distillation: di
             "parameters": counts["total"], "vocabulary_parameters": counts["vocabulary"],
         },
         "check": check,
+        "graph": fusion.PUBLISHED,
     }
 
 
