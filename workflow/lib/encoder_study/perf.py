@@ -324,10 +324,6 @@ class Probe:
         return Limit(self.gemm.name, rate / spread.median, rate / spread.max, rate / spread.min,
                      self.calibration_gflops, self.peak["gflops"])
 
-    def rate(self, times: Mapping[str, Sequence[float]]) -> float:
-        """The probe's median GFLOP/s in a `measure(..., probe=self)` result."""
-        return self.limit(times).gflops
-
     def run_limit(self) -> Limit:
         """The limit over every probe sample so far: its spread across the run."""
         return self.limit(self.turns)
