@@ -88,26 +88,46 @@ def test_the_latency_command_times_each_model_to_its_own_csv(tiny_exports, model
         run("latency", *args[:-2], *common)
 
 
-def test_commands_write_rows_table_plot_and_fragments(tiny_exports, models_dir, tmp_path):
+def test_compare_writes_both_tables_rows_and_one_fragment(tiny_exports, models_dir, tmp_path):
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"id": i, "source": "tatoeba", "lang": "eng", "text": t}) + "\n"
                              for i, t in enumerate(TEXTS)))
-    parts = []
+    parts = {"inference": [], "trainable": []}
     for name in ("bert-tiny", "xlmr-tiny"):
-        part = tmp_path / "inference" / f"{name}.csv"
-        assert run("inference", "--model-dir", str(tiny_exports[name]), "--source",
+        inference, trainable = (tmp_path / kind / f"{name}.csv" for kind in parts)
+        fragment = tmp_path / f"prov/parity/parity_compare-{name}.md"
+        assert run("compare", "--model-dir", str(tiny_exports[name]), "--source",
                    str(models_dir / "sources" / name / "source.json"), "--texts", str(texts),
-                   "--threads", "1", "--out", str(part), "--diffs", str(part.with_suffix(".npy")),
-                   "--provenance", str(tmp_path / f"prov/parity/parity_inference-{name}.md")) == 0
-        parts.append(str(part))
+                   "--threads", "1", "--inference-out", str(inference), "--diffs",
+                   str(inference.with_suffix(".npy")), "--trainable-out", str(trainable),
+                   "--provenance", str(fragment)) == 0
+        text = fragment.read_text()
+        assert text.index("## Inference parity") < text.index("## Trainable parity")
+        parts["inference"].append(str(inference))
+        parts["trainable"].append(str(trainable))
+        # One pass of the reference and the graph serves both tables: the rows are those of each alone.
+        pair = compare.Pair.load(tiny_exports[name], models_dir / "sources" / name / "source.json")
+        alone = compare.trainable_parity(pair, TEXTS, threads=1)
+        assert [float(r["max_abs"]) for r in tables.read_csv(trainable)] == [r["max_abs"] for r in alone]
+        row, diffs = parity.inference_parity(pair, TEXTS, threads=1)
+        assert float(tables.read_csv(inference)[0]["mean_abs"]) == row.mean_abs
+        assert np.array_equal(np.load(inference.with_suffix(".npy")), diffs)
     table = tmp_path / "inference.csv"
     assert run("table", "--kind", "inference", "--out", str(table), "--markdown",
                str(tmp_path / "inference.md"), "--plot", str(tmp_path / "inference.png"),
-               "--provenance", str(tmp_path / "prov/parity/parity_table_inference.md"), *reversed(parts)) == 0
+               "--provenance", str(tmp_path / "prov/parity/parity_table_inference.md"),
+               *reversed(parts["inference"])) == 0
     rows = tables.read_csv(table)
     assert [r["model"] for r in rows] == ["bert-tiny", "xlmr-tiny"]
     assert (tmp_path / "inference.png").read_bytes().startswith(b"\x89PNG")
     assert "Inference parity" in (tmp_path / "prov/parity/parity_table_inference.md").read_text()
+    table = tmp_path / "trainable.csv"
+    assert run("table", "--kind", "trainable", "--out", str(table), "--markdown",
+               str(tmp_path / "trainable.md"), "--provenance", str(tmp_path / "prov/parity/t.md"),
+               *parts["trainable"]) == 0
+    assert [(r["model"], r["comparison"]) for r in tables.read_csv(table)] == [
+        (name, comparison) for name in ("bert-tiny", "xlmr-tiny") for comparison in compare.COMPARISONS]
+    assert "batches of 8 = alone" in (tmp_path / "trainable.md").read_text()
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -119,24 +139,6 @@ def test_trainable_parity_on_tiny_models(tiny_exports, models_dir, name):
     for row in rows:
         assert row["family"] == family and row["batch_equal"] is True
         assert row["max_abs"] < 2e-5 and row["min_cos"] > 0.99999 and row["tokens"] > len(TEXTS)
-
-
-def test_trainable_table_command(tiny_exports, models_dir, tmp_path):
-    texts = tmp_path / "texts.jsonl"
-    texts.write_text("".join(json.dumps({"id": i, "source": "udhr", "lang": "eng", "text": t}) + "\n"
-                             for i, t in enumerate(TEXTS[:4])))
-    part = tmp_path / "trainable" / "modernbert-tiny.csv"
-    source = models_dir / "sources" / "modernbert-tiny" / "source.json"
-    assert run("trainable", "--model-dir", str(tiny_exports["modernbert-tiny"]), "--source",
-               str(source), "--texts", str(texts), "--threads", "1",
-               "--out", str(part), "--provenance",
-               str(tmp_path / "prov/parity/parity_trainable-modernbert-tiny.md")) == 0
-    table = tmp_path / "trainable.csv"
-    assert run("table", "--kind", "trainable", "--out", str(table), "--markdown",
-               str(tmp_path / "trainable.md"), "--provenance", str(tmp_path / "prov/parity/t.md"),
-               str(part)) == 0
-    assert [r["comparison"] for r in tables.read_csv(table)] == list(compare.COMPARISONS)
-    assert "batches of 8 = alone" in (tmp_path / "trainable.md").read_text()
 
 
 # The Markdown the tables render (inference and trainable: the bytes they had before tables.markdown).

@@ -259,7 +259,7 @@ def test_scaled_down_rehearsal_runs_every_rule_of_the_study_and_measures_it(smal
     }
     for rule in (
         "export_model",
-        "parity_inference",
+        "parity_compare",
         "tagging_train",
         "writeback_pipeline",
         "student_distill",

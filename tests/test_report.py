@@ -138,7 +138,7 @@ def run_records(treebank="synthetic", resamples=10000):
         record("parity_select", {"tatoeba": "config/texts/t.tsv", "udhr": "config/texts/u", "seed": 0,
                                  "tatoeba_count": 150, "udhr_count": 50, "max_chars": 400},
                notes=["200 texts in 52 languages and 22 scripts, chosen with seed 0"]),
-        record("parity_inference", {}, "minilm"),
+        record("parity_compare", {}, "minilm"),
         record("tagging_ood", {"name": "ood", "sentences": 200, "seed": 0}, "ood"),
         record("tagging_train", {**train, "run_name": "minilm-finetuned",
                                  "model_dir": "results/models/minilm"}, "minilm-finetuned"),

@@ -223,7 +223,7 @@ def test_fragments_name_the_weights_read_without_dot_dot_and_one_environment(sma
     paths = [e["path"] for r in records.values() for e in r["files"]]
     assert paths and not [p for p in paths if ".." in Path(p).parts]
     weights = "results/sources/mmbert-base/model/model.safetensors"
-    for job in ("export/export_model-mmbert-base", "parity/parity_inference-mmbert-base"):
+    for job in ("export/export_model-mmbert-base", "parity/parity_compare-mmbert-base"):
         inputs = {e["path"]: e["sha256"] for e in records[job]["files"] if e["role"] == "input"}
         assert inputs[weights] == files.sha256_file(small_workflow / weights), job
     pipeline = records["writeback/writeback_pipeline-student-finetuned"]

@@ -1,5 +1,5 @@
 # Recipe `parity`: the selected texts, ONNX Runtime against PyTorch token by token, and latency side by
-# side. Command: `encoder-study parity fetch|select|inference|trainable|latency|table`
+# side. Command: `encoder-study parity fetch|select|compare|latency|table`
 # (encoder_study.commands.parity). Library: encoder_study.data.texts (the selection),
 # encoder_study.parity (one model's rows), encoder_study.parity_tables (the tables).
 
@@ -67,55 +67,34 @@ PARITY_MODEL = {
 }
 
 
-rule parity_inference:
+# One job per model for both tables: the reference and the graph run each text once.
+rule parity_compare:
     input:
         **PARITY_MODEL,
         texts=rules.parity_select.output.texts,
-        code=lib_code("parity", "inference"),
+        code=lib_code("parity", "compare"),
     output:
-        row=report("results/parity/inference/{model}.csv", caption="../report/parity/inference_row.rst",
-                   category="parity", subcategory="{model}"),
+        inference=report("results/parity/inference/{model}.csv", caption="../report/parity/inference_row.rst",
+                         category="parity", subcategory="{model}"),
         diffs="results/parity/inference/{model}.npy",
-        prov=prov("parity", "parity_inference", "{model}"),
+        trainable=report("results/parity/trainable/{model}.csv", caption="../report/parity/trainable_row.rst",
+                         category="parity", subcategory="{model}"),
+        prov=prov("parity", "parity_compare", "{model}"),
     params:
         model_dir=lambda wc, input: Path(input.model[0]).parent,
-    threads: threads_for("parity_inference")
+    threads: threads_for("parity_compare")
     log:
-        "logs/parity/parity_inference-{model}.log",
+        "logs/parity/parity_compare-{model}.log",
     benchmark:
-        "results/benchmarks/parity_inference/{model}.tsv"
-    resources: **resources_of("parity_inference")
+        "results/benchmarks/parity_compare/{model}.tsv"
+    resources: **resources_of("parity_compare")
     conda:
         CONDA_ENV
     shell:
-        "encoder-study parity inference --model-dir {params.model_dir:q}"
+        "encoder-study parity compare --model-dir {params.model_dir:q}"
         " --source {input.source:q} --texts {input.texts:q} --threads {threads}"
-        " --out {output.row:q} --diffs {output.diffs:q} --provenance {output.prov:q} > {log:q} 2>&1"
-
-
-rule parity_trainable:
-    input:
-        **PARITY_MODEL,
-        texts=rules.parity_select.output.texts,
-        code=lib_code("parity", "trainable"),
-    output:
-        rows=report("results/parity/trainable/{model}.csv", caption="../report/parity/trainable_row.rst",
-                    category="parity", subcategory="{model}"),
-        prov=prov("parity", "parity_trainable", "{model}"),
-    params:
-        model_dir=lambda wc, input: Path(input.model[0]).parent,
-    threads: threads_for("parity_trainable")
-    log:
-        "logs/parity/parity_trainable-{model}.log",
-    benchmark:
-        "results/benchmarks/parity_trainable/{model}.tsv"
-    resources: **resources_of("parity_trainable")
-    conda:
-        CONDA_ENV
-    shell:
-        "encoder-study parity trainable --model-dir {params.model_dir:q}"
-        " --source {input.source:q} --texts {input.texts:q} --threads {threads}"
-        " --out {output.rows:q} --provenance {output.prov:q} > {log:q} 2>&1"
+        " --inference-out {output.inference:q} --diffs {output.diffs:q} --trainable-out {output.trainable:q}"
+        " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 LATENCY_ROWS = "results/parity/latency/{model}.csv"
@@ -160,8 +139,8 @@ rule parity_latency:
 # jobs alone, and the parity tables never wait on them.
 rule parity_table_inference:
     input:
-        rows=expand(rules.parity_inference.output.row, model=MODELS),
-        diffs=expand(rules.parity_inference.output.diffs, model=MODELS),
+        rows=expand(rules.parity_compare.output.inference, model=MODELS),
+        diffs=expand(rules.parity_compare.output.diffs, model=MODELS),
         code=lib_code("parity", "table"),
     output:
         table=report("results/parity/inference.csv", caption="../report/parity/inference_table.rst",
@@ -181,7 +160,7 @@ rule parity_table_inference:
 
 rule parity_table_trainable:
     input:
-        rows=expand(rules.parity_trainable.output.rows, model=MODELS),
+        rows=expand(rules.parity_compare.output.trainable, model=MODELS),
         code=lib_code("parity", "table"),
     output:
         table=report("results/parity/trainable.csv", caption="../report/parity/trainable_table.rst",
@@ -220,9 +199,8 @@ rule parity_table_latency:
 register("parity", [prov("parity", "parity_fetch", Path(text_source(name)).name)
                     for name in ("tatoeba", "udhr") if is_download(name)]
          + [rules.parity_select.output.prov]
-         + expand(rules.parity_inference.output.prov, model=MODELS)
+         + expand(rules.parity_compare.output.prov, model=MODELS)
          + [rules.parity_table_inference.output.prov]
-         + expand(rules.parity_trainable.output.prov, model=MODELS)
          + [rules.parity_table_trainable.output.prov]
          + [rules.parity_latency.output.prov]
          + [rules.parity_table_latency.output.prov])

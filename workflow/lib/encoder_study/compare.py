@@ -109,30 +109,52 @@ class Accumulator:
                 "min_cos": self.min_cos, "max_value": self.max_value}
 
 
+@dataclass(frozen=True)
+class Alone:
+    """The texts as rows of piece ids (`truncated`: how many were cut to the model's positions), each run
+    alone through the PyTorch reference and the exported graph: the states every comparison reads."""
+
+    rows: list[list[int]]
+    truncated: int
+    reference: list[np.ndarray]
+    graph: list[np.ndarray]
+
+
+def run_alone(pair: Pair, texts: list[str], session) -> Alone:
+    """Each text alone through `pair`'s reference and `session` (an ONNX Runtime session of its graph)."""
+    rows, truncated = pair.pieces.encode(texts)
+    reference, graph = [], []
+    for row in rows:
+        ids, mask = pad_batch([row], pair.pieces.pad_id)
+        reference.append(torch_states(pair.torch_model, ids, mask)[0])
+        graph.append(session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0])
+    return Alone(rows, truncated, reference, graph)
+
+
 def trainable_parity(pair: Pair, texts: list[str], threads: int, batch: int = 8,
-                     comparisons: tuple[str, ...] = COMPARISONS) -> list[dict]:
+                     comparisons: tuple[str, ...] = COMPARISONS, alone: Alone | None = None) -> list[dict]:
     """The trainable modules against PyTorch and the graph runtime, one text per run, every token;
     and whether padded batches of `batch` give exactly (bitwise) the rows of the texts run alone
     (`batch_equal`; `batch_max_abs`, not a table column: by how much they differ at most).
-    `comparisons`: which of COMPARISONS to report, in that order."""
+    `comparisons`: which of COMPARISONS to report, in that order. `alone`: `run_alone` of the same
+    texts at the same threads, when the caller has it (computed here otherwise)."""
     from . import trainable
 
     threads = machine.torch_threads(threads)
     encoder = trainable.load(pair.onnx_path)
     family = encoder.settings_dict()["family"]
-    session = ort_session(pair.onnx_path, threads)
-    rows, _ = pair.pieces.encode(texts)
+    if alone is None:
+        alone = run_alone(pair, texts, ort_session(pair.onnx_path, threads))
+    rows = alone.rows
     pairs = {name: Accumulator() for name in COMPARISONS}
     singles = []
-    for row in rows:
+    for row, ref, graph in zip(rows, alone.reference, alone.graph, strict=True):
         ids, mask = pad_batch([row], pair.pieces.pad_id)
-        reference = torch_states(pair.torch_model, ids, mask)[0]
-        graph = session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
         with torch.no_grad():
             mine = encoder(torch.from_numpy(ids), torch.from_numpy(mask))[0].numpy()
-        pairs["trainable vs pytorch"].add(reference, mine)
+        pairs["trainable vs pytorch"].add(ref, mine)
         pairs["trainable vs graph runtime"].add(graph, mine)
-        pairs["graph runtime vs pytorch"].add(reference, graph)
+        pairs["graph runtime vs pytorch"].add(ref, graph)
         singles.append(mine)
     equal, batch_max_abs = True, 0.0
     for start in range(0, len(rows), batch):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import compare, files, machine, manifest, perf
-from .parity_tables import Report, markdown, write_rows
+from .parity_tables import TABLES, Report, markdown, write_rows
 from .runtime import OUTPUT, ort_session, pad_batch
 
 
@@ -34,25 +34,24 @@ class InferenceRow:
     batch_max_abs: float
 
 
-def inference_parity(pair: compare.Pair, texts: list[str], threads: int, batch: int = 8
-                     ) -> tuple[InferenceRow, np.ndarray]:
-    """One text per run in both runtimes, every token compared; and padded batches against singles."""
-    session = ort_session(pair.onnx_path, threads)
-    rows, truncated = pair.pieces.encode(texts)
-    pad_id = pair.pieces.pad_id
-    per_token, cosines, abs_sums, singles = [], [], 0.0, []
+def inference_parity(pair: compare.Pair, texts: list[str], threads: int, batch: int = 8,
+                     alone: compare.Alone | None = None, session=None) -> tuple[InferenceRow, np.ndarray]:
+    """One text per run in both runtimes, every token compared; and padded batches against singles.
+    `alone` and `session`: the texts' `compare.run_alone` and the graph's session at the same threads,
+    when the caller has them (made here otherwise)."""
+    session = session or ort_session(pair.onnx_path, threads)
+    alone = alone or compare.run_alone(pair, texts, session)
+    rows, pad_id = alone.rows, pair.pieces.pad_id
+    per_token, cosines, abs_sums = [], [], 0.0
     max_value, elements = 0.0, 0
-    for row in rows:
-        ids, mask = pad_batch([row], pad_id)
-        ref = compare.torch_states(pair.torch_model, ids, mask)[0]
-        got = session.run([OUTPUT], {"input_ids": ids, "attention_mask": mask})[0][0]
+    for ref, got in zip(alone.reference, alone.graph, strict=True):
         diff, cos = compare.token_differences(ref, got)
         per_token.append(diff)
         cosines.append(cos)
         abs_sums += float(np.abs(ref.astype(np.float64) - got).sum())
         elements += ref.size
         max_value = max(max_value, float(np.abs(ref).max()))
-        singles.append(got)
+    singles = alone.graph
     batch_max = 0.0
     for start in range(0, len(rows), batch):
         chunk = rows[start:start + batch]
@@ -62,7 +61,7 @@ def inference_parity(pair: compare.Pair, texts: list[str], threads: int, batch: 
             batch_max = max(batch_max, float(np.abs(out[i, : len(row)] - singles[start + i]).max()))
     diffs, cos = np.concatenate(per_token), np.concatenate(cosines)
     result = InferenceRow(
-        model=pair.name, tokens=int(diffs.size), texts=len(rows), truncated=truncated,
+        model=pair.name, tokens=int(diffs.size), texts=len(rows), truncated=alone.truncated,
         max_abs=float(diffs.max()), mean_abs=abs_sums / elements, min_cos=float(cos.min()),
         mean_cos=float(cos.mean()), max_value=max_value, batch_max_abs=batch_max)
     return result, diffs
@@ -110,23 +109,6 @@ def model_inputs(model_dir: str | os.PathLike, source_json: str | os.PathLike) -
     return [source_json, *(Path(model_dir) / name for name in names)]
 
 
-def inference_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike, texts: str | os.PathLike,
-                   threads: int, out: str | os.PathLike, diffs: str | os.PathLike) -> Report:
-    """The model's row of the inference table to `out` (CSV); its per-token differences to `diffs` (.npy)."""
-    threads = machine.torch_threads(threads)
-    report = Report("Inference parity", "", inputs=[*model_inputs(model_dir, source_json), texts])
-    pair = compare.Pair.load(model_dir, source_json)
-    row, per_token = inference_parity(pair, [r["text"] for r in compare.read_texts(texts)], threads)
-    with files.atomic_path(diffs) as tmp, open(tmp, "wb") as handle:
-        np.save(handle, per_token)
-    report.markdown = write_rows("inference", [asdict(row)], out)
-    report.outputs += [out, diffs]
-    if row.truncated:
-        report.notes.append(f"{row.truncated} texts were cut to the model's {pair.pieces.max_pieces} "
-                            "positions")
-    return report
-
-
 # How far padded batches of the trainable modules may differ from the texts run alone, relative to the
 # largest value: float32 reassociation only. Attention's probabilities times values reduce over the
 # padded length, and the matrix library may block a longer reduction otherwise (a random XLM-R base at
@@ -135,28 +117,49 @@ def inference_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike,
 BATCH_TOLERANCE = 1e-5
 
 
-def trainable_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike, texts: str | os.PathLike,
-                   threads: int, out: str | os.PathLike) -> Report:
-    """The model's rows of the trainable table to `out` (CSV). Once they are written, ParityError when
-    padded batches of the trainable modules differ from the texts run alone by more than float32
-    reassociation (BATCH_TOLERANCE); a smaller difference is a note (batch_equal False)."""
+def compare_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike, texts: str | os.PathLike,
+                 threads: int, inference_out: str | os.PathLike, diffs: str | os.PathLike,
+                 trainable_out: str | os.PathLike) -> Report:
+    """The model's row of the inference table to `inference_out` (CSV) with its per-token differences to
+    `diffs` (.npy), and its rows of the trainable table to `trainable_out` (CSV): the reference and the
+    graph run each text once, and both tables read those states.
+
+    Once the rows are written, ParityError when padded batches of the trainable modules differ from the
+    texts run alone by more than float32 reassociation (BATCH_TOLERANCE); a smaller difference is a note
+    (batch_equal False)."""
     threads = machine.torch_threads(threads)
-    report = Report("Trainable parity", "", inputs=[*model_inputs(model_dir, source_json), texts])
+    report = Report(TABLES["inference"].title, "", inputs=[*model_inputs(model_dir, source_json), texts])
     pair = compare.Pair.load(model_dir, source_json)
-    rows = compare.trainable_parity(pair, [r["text"] for r in compare.read_texts(texts)], threads)
-    batch_max_abs = max(row.pop("batch_max_abs") for row in rows)  # the fragment's, not the table's
-    report.markdown = write_rows("trainable", rows, out)
-    report.outputs.append(out)
-    if not rows[0]["batch_equal"]:
-        relative = batch_max_abs / max(1.0, max(r["max_value"] for r in rows))
-        if not relative <= BATCH_TOLERANCE:
-            raise compare.ParityError(f"{pair.name}: padded batches of the trainable modules differ from the "
-                                      f"texts run alone by {batch_max_abs:.3g} (relative {relative:.3g} > "
-                                      f"{BATCH_TOLERANCE}): more than float32 reassociation")
-        report.notes.append(f"padded batches differ from the texts run alone by up to {batch_max_abs:.3g} "
-                            f"(relative {relative:.3g} <= {BATCH_TOLERANCE}): float32 reassociation in the "
-                            "matrix library, not a padding error")
+    chosen = [r["text"] for r in compare.read_texts(texts)]
+    session = ort_session(pair.onnx_path, threads)
+    alone = compare.run_alone(pair, chosen, session)
+    row, per_token = inference_parity(pair, chosen, threads, alone=alone, session=session)
+    with files.atomic_path(diffs) as tmp, open(tmp, "wb") as handle:
+        np.save(handle, per_token)
+    report.markdown = write_rows("inference", [asdict(row)], inference_out)
+    if row.truncated:
+        report.notes.append(f"{row.truncated} texts were cut to the model's {pair.pieces.max_pieces} "
+                            "positions")
+    rows = compare.trainable_parity(pair, chosen, threads, alone=alone)
+    batch_max_abs = max(r.pop("batch_max_abs") for r in rows)  # the fragment's, not the table's
+    report.more_tables.append((TABLES["trainable"].title, write_rows("trainable", rows, trainable_out)))
+    report.outputs += [inference_out, diffs, trainable_out]
+    _check_batches(pair.name, rows, batch_max_abs, report)
     return report
+
+
+def _check_batches(name: str, rows: list[dict], batch_max_abs: float, report: Report) -> None:
+    """ParityError, or a note, when the trainable modules' padded batches differ from texts run alone."""
+    if rows[0]["batch_equal"]:
+        return
+    relative = batch_max_abs / max(1.0, max(r["max_value"] for r in rows))
+    if not relative <= BATCH_TOLERANCE:
+        raise compare.ParityError(f"{name}: padded batches of the trainable modules differ from the "
+                                  f"texts run alone by {batch_max_abs:.3g} (relative {relative:.3g} > "
+                                  f"{BATCH_TOLERANCE}): more than float32 reassociation")
+    report.notes.append(f"padded batches differ from the texts run alone by up to {batch_max_abs:.3g} "
+                        f"(relative {relative:.3g} <= {BATCH_TOLERANCE}): float32 reassociation in the "
+                        "matrix library, not a padding error")
 
 
 def latency_rows(models: Sequence[tuple[str | os.PathLike, str | os.PathLike, str | os.PathLike]],

@@ -63,6 +63,7 @@ class Report:
     inputs: list[str | os.PathLike] = field(default_factory=list)
     outputs: list[str | os.PathLike] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    more_tables: list[tuple[str, str]] = field(default_factory=list)  # (title, Markdown) after the first
 
 
 def markdown(kind: str, rows: list[dict]) -> str:

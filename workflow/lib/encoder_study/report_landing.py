@@ -89,7 +89,7 @@ def what_ran(run: report_facts.Run, texts: int | None) -> str:
     encoders = [r["settings"].get("model", r.get("wildcards")) for r in run.all("export_acquire")]
     if encoders:
         parts.append(f"exports {report_facts.join_words(encoders)} to ONNX")
-    if run.all("parity_inference"):
+    if run.all("parity_compare"):
         on = f" on {texts:,} texts" if texts else ""
         parts.append(f"checks each export against PyTorch token by token{on}")
     distill = run.one("student_distill")

@@ -1,14 +1,13 @@
-"""`encoder-study parity fetch|select|inference|trainable|latency|table`: the parity recipe's commands.
+"""`encoder-study parity fetch|select|compare|latency|table`: the parity recipe's commands.
 
     encoder-study parity fetch --url URL --sha256 HEX --timeout 60 --out results/texts/sources/udhr.zip ...
     encoder-study parity select --tatoeba T --tatoeba-sha256 '' --udhr U --udhr-sha256 '' --seed 0 \\
         --tatoeba-count 150 --udhr-count 50 --max-chars 400 --languages '' \\
         --out results/texts/parity_texts.jsonl --provenance provenance/parity/parity_select.md
-    encoder-study parity inference --model-dir results/models/minilm \\
+    encoder-study parity compare --model-dir results/models/minilm \\
         --source results/sources/minilm/source.json --texts results/texts/parity_texts.jsonl --threads 2 \\
-        --out results/parity/inference/minilm.csv --diffs results/parity/inference/minilm.npy ...
-    encoder-study parity trainable --model-dir D --source S --texts T --threads 2 \\
-        --out results/parity/trainable/minilm.csv ...
+        --inference-out results/parity/inference/minilm.csv --diffs results/parity/inference/minilm.npy \\
+        --trainable-out results/parity/trainable/minilm.csv ...
     encoder-study parity latency --model results/models/minilm results/sources/minilm/source.json \\
         --out results/parity/latency/minilm.csv --model D2 S2 --out O2 --threads 8 --batches 1,8 \\
         --seq-len 64 --warmup 3 --runs 20 --min-seconds 2 ...
@@ -74,20 +73,19 @@ def _add_text_commands(sub) -> None:
 
 
 def _add_model_commands(sub) -> None:
-    """inference, trainable: one model's rows; latency: each model's rows, in one process."""
-    for name, run, help_ in (
-            ("inference", inference, "ONNX Runtime against PyTorch, one model, every token"),
-            ("trainable", trainable, "the trainable modules against PyTorch and ONNX Runtime, one model")):
-        p = sub.add_parser(name, help=help_)
-        provenance.add_arguments(p)
-        p.set_defaults(run=run)
-        p.add_argument("--model-dir", required=True, help="results/models/<model>")
-        p.add_argument("--source", required=True, help="results/sources/<model>/source.json")
-        p.add_argument("--threads", type=int, required=True)
-        p.add_argument("--out", required=True, help="the model's CSV row(s)")
-        p.add_argument("--texts", required=True, help="results/texts/parity_texts.jsonl")
-    sub.choices["inference"].add_argument("--diffs", required=True,
-                                          help=".npy of per-token max abs differences")
+    """compare: one model's rows of the inference and trainable tables; latency: each model's rows, in one
+    process."""
+    p = sub.add_parser("compare", help="ONNX Runtime and the trainable modules against PyTorch, one model, "
+                                       "every token: the inference and trainable tables' rows")
+    provenance.add_arguments(p)
+    p.set_defaults(run=compare)
+    p.add_argument("--model-dir", required=True, help="results/models/<model>")
+    p.add_argument("--source", required=True, help="results/sources/<model>/source.json")
+    p.add_argument("--texts", required=True, help="results/texts/parity_texts.jsonl")
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--inference-out", required=True, help="the model's CSV row of the inference table")
+    p.add_argument("--diffs", required=True, help=".npy of per-token max abs differences")
+    p.add_argument("--trainable-out", required=True, help="the model's CSV rows of the trainable table")
     # One process for every model: one start, one import of transformers, one GEMM probe calibration.
     p = sub.add_parser("latency", help="time both runtimes on the same inputs, each model in turn")
     provenance.add_arguments(p)
@@ -109,7 +107,8 @@ def _record(frag: provenance.Fragment, report) -> None:
     """A parity step's report (parity_tables.Report) into its fragment."""
     frag.inputs += report.inputs
     frag.outputs += report.outputs
-    frag.table(report.title, report.markdown)
+    for title, markdown in [(report.title, report.markdown), *report.more_tables]:
+        frag.table(title, markdown)
     for note in report.notes:
         frag.note(note)
 
@@ -156,22 +155,13 @@ def select(args) -> int:
     return 0
 
 
-def inference(args) -> int:
+def compare(args) -> int:
     from .. import machine, parity
 
     threads = machine.usable_threads(args.threads)
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
-        _record(frag, parity.inference_rows(args.model_dir, args.source, args.texts, threads, args.out,
-                                            args.diffs))
-    return 0
-
-
-def trainable(args) -> int:
-    from .. import machine, parity
-
-    threads = machine.usable_threads(args.threads)
-    with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
-        _record(frag, parity.trainable_rows(args.model_dir, args.source, args.texts, threads, args.out))
+        _record(frag, parity.compare_rows(args.model_dir, args.source, args.texts, threads,
+                                          args.inference_out, args.diffs, args.trainable_out))
     return 0
 
 
