@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from crate_validation import MAIN_WORKFLOW_ID_CHECK, fill_cache, issues, recommended_issues, required_issues
+from crate_validation import MAIN_WORKFLOW_ID_CHECK, but_main_workflow_id, fill_cache, validate
 
 from conftest import ROOT, runner
 from encoder_study import crate, files, provenance
@@ -112,10 +112,11 @@ def _verify(*extra: str) -> int:
 
 def test_crate_passes_the_provenance_run_crate_profile_at_the_recommended_level(run_dir, cache):
     _build(crate.CRATE_NAME, "--agent", AGENT)
-    assert required_issues(run_dir, cache) == []
+    found = validate(run_dir, cache)
+    assert found.required == []
     # Every recommendation is met but the one crate_validation sets aside (it says why): the main
-    # workflow's relative id, and only it (recommended_issues' filter, on one validation).
-    missed = issues(run_dir, cache, "RECOMMENDED")
+    # workflow's relative id, and only it (what but_main_workflow_id sets aside).
+    missed = found.all
     main = (run_dir.resolve() / "Snakefile").as_uri()
     assert missed and all(i.startswith(MAIN_WORKFLOW_ID_CHECK) and i.endswith(f" = {main}") for i in missed)
 
@@ -132,10 +133,11 @@ def test_the_validator_catches_a_crate_that_breaks_the_profile(run_dir, cache):
             entity["result"] = [entity["result"]]
     Path(crate.CRATE_NAME).write_text(json.dumps(built))
     Path("results/tagging/scores.md").unlink()
-    found = "\n".join(required_issues(run_dir, cache))
-    assert "results/tagging/scores.md" in found
-    assert "provenance-run-crate" in found or "process-run-crate" in found
-    recommended = "\n".join(recommended_issues(run_dir, cache))
+    found = validate(run_dir, cache)
+    required = "\n".join(found.required)
+    assert "results/tagging/scores.md" in required
+    assert "provenance-run-crate" in required or "process-run-crate" in required
+    recommended = "\n".join(but_main_workflow_id(found.all, run_dir))
     assert "SHOULD have an agent" in recommended and "singleton array" in recommended
 
 
@@ -145,8 +147,9 @@ def test_without_a_published_code_address_only_the_url_recommendations_remain(ru
     nothing else is missed."""
     files.write_text("CITATION.cff", _citation(None))
     _build(crate.CRATE_NAME, "--agent", AGENT)
-    assert required_issues(run_dir, cache) == []
-    missed = recommended_issues(run_dir, cache)
+    found = validate(run_dir, cache)
+    assert found.required == []
+    missed = but_main_workflow_id(found.all, run_dir)
     assert missed
     for issue in missed:
         assert re.search(r"SHOULD have a url|id SHOULD be an absolute URI|organization SHOULD have a URL|"
