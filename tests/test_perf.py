@@ -73,12 +73,14 @@ def test_the_probe_keeps_the_fastest_candidate_and_takes_turns():
     assert set(rates) == set(candidates) and probe.gemm == max(rates, key=rates.get)
     assert all(0.01 < r < 1e5 for r in rates.values())  # GFLOP/s: a real CPU, not a unit slip by 1e9
     times = perf.measure({"x": lambda: None}, min_seconds=0.0, min_repeats=3, warmup=0, probe=probe)
-    assert len(times[perf.PROBE]) == 3 == len(probe.turns)  # one sample a round
+    assert len(times[perf.PROBE]) == 3 == len(probe.turns) == len(probe.waits)  # one sample a round,
+    assert all(0 < w <= perf.QUIET_MAX_SECONDS + 0.1 for w in probe.waits)  # each after a quiet wait
     limit = probe.limit(times)
     assert limit.gflops_min <= limit.gflops <= limit.gflops_max and limit.gemm == probe.gemm.name
     assert limit.gflops == pytest.approx(probe.sample_flops() / 1e9 / statistics.median(times[perf.PROBE]))
     assert probe.run_limit().gflops == limit.gflops
     assert any("theoretical float32 peak" in note for note in probe.notes())
+    assert any("each after waiting for this process's threads to idle" in note for note in probe.notes())
     assert perf.rates(2e9, 0.5, 8.0) == {"gflops": 4.0, "fraction_of_gemm": 0.5}
     quick = perf.Probe.beside(1, min_seconds=0.0)  # cells of 0 s: single products, no calibration time
     assert set(quick.repeats.values()) == {1} and quick.threads == 1
@@ -168,31 +170,55 @@ def test_blocks_take_turns_after_an_untimed_switch():
     assert [len(t) for t in times.values()] == [2, 2]
 
 
-def test_a_slow_path_switches_in_after_a_pause_instead_of_an_untimed_call(monkeypatch):
-    """A path whose calls take PAUSE_AFTER_SECONDS or more waits SWITCH_PAUSE_SECONDS before its block
-    (after its warm-up told how long it takes); a fast one still makes an untimed call."""
-    clock, events = [0.0], []
+class FakeTime:
+    """perf's clock. Each sleep is a window in which the process's other threads use a whole core where
+    `busy` says so (in order; idle after its end); `events` records the calls and each sleep."""
 
-    class Clock:
-        @staticmethod
-        def perf_counter():
-            return clock[0]
+    def __init__(self, busy=()):
+        self.now, self.cpu, self.busy, self.events = 0.0, 0.0, list(busy), []
 
-        @staticmethod
-        def sleep(seconds):
-            events.append(("pause", seconds))
-            clock[0] += seconds
+    def perf_counter(self):
+        return self.now
 
-    def call(name, seconds):
+    def process_time(self):
+        return self.cpu
+
+    def sleep(self, seconds):
+        self.events.append(("sleep", seconds))
+        self.now += seconds
+        if self.busy and self.busy.pop(0):
+            self.cpu += seconds
+
+    def call(self, name, seconds):
         def run():
-            events.append(name)
-            clock[0] += seconds
+            self.events.append(name)
+            self.now += seconds
+            self.cpu += seconds
         return run
 
-    monkeypatch.setattr(perf, "time", Clock)
+
+def test_wait_for_quiet_sleeps_until_the_process_idles_or_the_limit(monkeypatch):
+    window, quiet = perf.QUIET_WINDOW_SECONDS, perf.QUIET_WINDOWS
+    # idle at once; busy 3 windows; busy, idle once (too short), busy again: the count starts over
+    for busy, windows in (((), quiet), ((1, 1, 1), 3 + quiet), ((1, 0, 1), 3 + quiet)):
+        clock = FakeTime(busy)
+        monkeypatch.setattr(perf, "time", clock)
+        assert perf.wait_for_quiet() == pytest.approx(windows * window), busy
+        assert clock.events == [("sleep", window)] * windows
+    clock = FakeTime(busy=[1] * 1000)  # a thread that never idles: waited for until the limit only
+    monkeypatch.setattr(perf, "time", clock)
+    assert perf.wait_for_quiet(limit=0.1) == pytest.approx(0.1)
+
+
+def test_every_block_starts_after_a_quiet_wait_and_a_slow_path_without_an_untimed_call(monkeypatch):
+    """A path whose calls take PAUSE_AFTER_SECONDS or more starts its block at once after the wait (its
+    warm-up told how long it takes); a fast one makes an untimed call first."""
+    clock = FakeTime()
+    monkeypatch.setattr(perf, "time", clock)
     slow, fast = perf.PAUSE_AFTER_SECONDS, perf.PAUSE_AFTER_SECONDS / 10
-    times = perf.measure({"slow": call("slow", slow), "fast": call("fast", fast)}, min_seconds=0.0,
-                         min_repeats=2, warmup=1, block_seconds=1e-9)
-    pause = ("pause", perf.SWITCH_PAUSE_SECONDS)
-    assert events == ["slow", "fast", pause, "slow", "fast", "fast", pause, "slow", "fast", "fast"]
+    times = perf.measure({"slow": clock.call("slow", slow), "fast": clock.call("fast", fast)},
+                         min_seconds=0.0, min_repeats=2, warmup=1, block_seconds=1e-9)
+    wait = [("sleep", perf.QUIET_WINDOW_SECONDS)] * perf.QUIET_WINDOWS
+    assert clock.events == ["slow", "fast", *wait, "slow", *wait, "fast", "fast",
+                            *wait, "slow", *wait, "fast", "fast"]
     assert times["slow"] == pytest.approx([slow, slow]) and times["fast"] == pytest.approx([fast, fast])

@@ -33,7 +33,10 @@ The measure. `measure(calls, min_seconds)` runs the given callables in turn, one
 (so that a change in a shared machine's load falls on all alike), until each has run at least
 `min_seconds` in total and `min_repeats` times (one that has sits out the later rounds), and gives
 each one's per-call seconds; `Spread` summarises them (median, quartiles, min, max). Runtimes with
-thread pools of their own take turns in blocks (`block_seconds`), each after an untimed call.
+thread pools of their own take turns in blocks (`block_seconds`). Before each block and each probe turn,
+`wait_for_quiet` sleeps until this process's other threads are idle: ONNX Runtime's workers keep spinning
+for about 40 ms after a run, PyTorch's OpenMP threads for about 10 ms (measured: CHANGELOG.md), and the
+work timed next would share the cores with them.
 """
 
 from __future__ import annotations
@@ -47,11 +50,16 @@ from dataclasses import dataclass
 from . import machine
 
 BLOCK_SECONDS = 0.25  # turns of ONNX Runtime against PyTorch (see measure)
-# A path whose calls take this long switches in after a pause of SWITCH_PAUSE_SECONDS instead of an untimed
-# call: the other runtime's threads spin for milliseconds, and an untimed call of a slow path would double
-# the cell's time for nothing.
+# A path whose calls take this long starts its block without an untimed call: it would double the cell's
+# time for nothing.
 PAUSE_AFTER_SECONDS = 0.1
-SWITCH_PAUSE_SECONDS = 0.02
+# wait_for_quiet: idle means the process used under QUIET_SHARE of one core over QUIET_WINDOWS windows in a
+# row (the kernel adds a running thread's time to the process's at its clock ticks, every 1-10 ms, so one
+# short window can miss a spinning thread); it waits at most QUIET_MAX_SECONDS.
+QUIET_WINDOW_SECONDS = 0.005
+QUIET_WINDOWS = 2
+QUIET_SHARE = 0.1
+QUIET_MAX_SECONDS = 0.25
 PROBE = "gemm probe"  # measure's key for the probe's per-call seconds
 # (m, k, n) of the probe's candidate products: squares, and the tall product of a feed-forward layer.
 # None above 2 GFLOP, so that a calibration stays short on a loaded machine too.
@@ -121,12 +129,12 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
 
     `probe`: one probe turn opens every timed round (`Probe.turn`), its seconds under the key PROBE.
 
-    `block_seconds` > 0: each turn is a block of calls of at least that many seconds, after one untimed
-    call. For runtimes with thread pools of their own (ONNX Runtime's spin after a run, PyTorch's OpenMP
-    threads): a call right after the other runtime's shares the cores with its still-spinning threads
-    and can take several times as long (measured: CHANGELOG.md), which says nothing about either. A path
-    whose last call took PAUSE_AFTER_SECONDS or more waits SWITCH_PAUSE_SECONDS instead of the untimed
-    call: long enough for those threads to stop, and a fraction of such a call.
+    `block_seconds` > 0: each turn is a block of calls of at least that many seconds, after
+    `wait_for_quiet` and one untimed call. For runtimes with thread pools of their own (ONNX Runtime's
+    spin after a run, PyTorch's OpenMP threads): a call right after the other runtime's shares the cores
+    with its still-spinning threads and can take several times as long (measured: CHANGELOG.md), which
+    says nothing about either. A path whose last call took PAUSE_AFTER_SECONDS or more makes no untimed
+    call.
     """
     if min_seconds < 0 or min_repeats < 1 or warmup < 0 or block_seconds < 0:
         raise ValueError("min_seconds, warmup and block_seconds must be 0 or more, min_repeats at least 1")
@@ -145,10 +153,9 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
             times[PROBE] += probe.turn()
         for name in pending:  # a path that has its share sits out, so fast paths don't stretch slow ones
             call = calls[name]
-            if block_seconds:  # the switch: the other runtime's threads wind down meanwhile
-                if last[name] >= PAUSE_AFTER_SECONDS:
-                    time.sleep(SWITCH_PAUSE_SECONDS)
-                else:
+            if block_seconds:  # the switch: the other runtime's threads wind down first
+                wait_for_quiet()
+                if last[name] < PAUSE_AFTER_SECONDS:
                     call()
             block = 0.0
             while True:
@@ -161,6 +168,20 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
                 if block >= block_seconds:
                     break
     return times
+
+
+def wait_for_quiet(window: float = QUIET_WINDOW_SECONDS, limit: float = QUIET_MAX_SECONDS) -> float:
+    """Sleep in windows of `window` seconds until QUIET_WINDOWS in a row in which this process's threads
+    (all of them: the CPU time of the process) used less than QUIET_SHARE of a core, or until `limit`;
+    the seconds waited."""
+    start, quiet = time.perf_counter(), 0
+    while True:
+        cpu, began = time.process_time(), time.perf_counter()
+        time.sleep(window)
+        now = time.perf_counter()
+        quiet = quiet + 1 if time.process_time() - cpu < QUIET_SHARE * (now - began) else 0
+        if quiet >= QUIET_WINDOWS or now - start >= limit:
+            return now - start
 
 
 @dataclass(frozen=True)
@@ -291,6 +312,7 @@ class Probe:
         self._sample = samples[self.gemm.name]
         self.peak = machine.fp32_peak(self.threads)
         self.turns: list[float] = []  # every timed sample since: the probe's spread across the run
+        self.waits: list[float] = []  # each turn's wait_for_quiet
 
     @classmethod
     def beside(cls, threads: int, min_seconds: float) -> Probe:
@@ -305,9 +327,11 @@ class Probe:
         return gemm.flops * self.repeats[gemm]
 
     def turn(self) -> list[float]:
-        """One untimed sample, then one timed sample. The untimed one lets the threads of the work timed
-        before wind down: ONNX Runtime's keep spinning for milliseconds after a run and, on a machine
-        with as many cores as threads, would share the cores with the probe (measured: CHANGELOG.md)."""
+        """`wait_for_quiet`, one untimed sample, then one timed sample. The threads of the work timed
+        before keep spinning after it (ONNX Runtime's for about 40 ms) and, on a machine with as many
+        cores as threads, would share the cores with the probe: beside ONNX Runtime's blocks it read
+        0.6-0.75 of its calibration rate (measured: CHANGELOG.md). `waits` keeps each turn's wait."""
+        self.waits.append(wait_for_quiet())
         self._sample()
         start = time.perf_counter()
         self._sample()
@@ -337,10 +361,12 @@ class Probe:
                "(calibration medians)",
                f"theoretical float32 peak: {machine.peak_text(self.peak)}"]
         if self.turns:
-            run = self.run_limit()
+            run, waited = self.run_limit(), Spread.of(self.waits)
             out.append(f"the probe across the job: median {run.gflops:.1f} GFLOP/s, range "
                        f"{run.gflops_min:.1f}-{run.gflops_max:.1f} over {len(self.turns)} samples of "
-                       f"{self.repeats[self.gemm]} products beside the timed work")
+                       f"{self.repeats[self.gemm]} products beside the timed work, each after waiting "
+                       f"for this process's threads to idle (median {waited.median * 1e3:.0f} ms, at most "
+                       f"{waited.max * 1e3:.0f} ms)")
         if best > self.peak["gflops"]:
             out.append(f"the measured best ({best:.1f} GFLOP/s) is above the theoretical peak: the clock "
                        f"read ({self.peak['clock_source']}, {self.peak['ghz']:.3f} GHz) is below the clock "
