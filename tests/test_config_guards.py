@@ -40,6 +40,9 @@ GUARDS = {
         {"writeback": {"runs": ["minilm-frozen-mean"]}},
         f"config: writeback.runs names 'minilm-frozen-mean', which is not a fine-tuned tagging run "
         f"(fine-tuned runs: {FINETUNED})"),
+    "latency of no model": (
+        {"parity": {"latency_skip": [m["name"] for m in DEFAULT["models"]]}},
+        "config: parity.latency_skip skips every model ("),
     "retrieval model not listed": (
         {"retrieval": {"model": "nope"}},
         f"config: retrieval.model is 'nope', which `models` does not list; name one of {MODELS} or give a "
