@@ -66,3 +66,13 @@ def test_readme_links_every_docs_page():
 ])
 def test_anchor_matches_githubs_ids(heading, anchor):
     assert _anchor(heading) == anchor
+
+
+def test_the_recipe_table_names_the_steps_its_rule_file_runs():
+    """Each row's `encoder-study <recipe> a|b|c` is what its rule file's rules run, no more and no fewer."""
+    rows = re.findall(r"^\| `(\w+)` \| `(workflow/rules/\w+\.smk)` \| `encoder-study (\w+) ([^`]+)` \|",
+                      (ROOT / "README.md").read_text(), flags=re.MULTILINE)
+    assert len(rows) >= 6
+    for recipe, rule_file, command, listed in rows:
+        run = set(re.findall(rf"encoder-study {command} ([a-z-]+)", (ROOT / rule_file).read_text()))
+        assert recipe == command and sorted(listed.replace("\\|", "|").split("|")) == sorted(run), recipe
