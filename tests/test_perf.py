@@ -222,3 +222,11 @@ def test_every_block_starts_after_a_quiet_wait_and_a_slow_path_without_an_untime
     assert clock.events == ["slow", "fast", *wait, "slow", *wait, "fast", "fast",
                             *wait, "slow", *wait, "fast", "fast"]
     assert times["slow"] == pytest.approx([slow, slow]) and times["fast"] == pytest.approx([fast, fast])
+
+
+def test_a_samples_length_comes_from_the_fastest_of_several_calls(monkeypatch):
+    """One slow call (threads waking, the scheduler) must not make the probe's samples a few products long."""
+    clock = FakeTime()
+    monkeypatch.setattr(perf, "time", clock)
+    seconds = iter([0.5, 0.25, 0.0625, 0.125])  # the warm-up, then a slow call among the timed ones
+    assert perf._repeats(lambda: setattr(clock, "now", clock.now + next(seconds)), 0.5) == 8
