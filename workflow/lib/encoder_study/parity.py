@@ -39,8 +39,10 @@ def inference_parity(pair: compare.Pair, texts: list[str], threads: int, batch: 
     """One text per run in both runtimes, every token compared; and padded batches against singles.
     `alone` and `session`: the texts' `compare.run_alone` and the graph's session at the same threads,
     when the caller has them (made here otherwise)."""
-    session = session or ort_session(pair.onnx_path, threads)
-    alone = alone or compare.run_alone(pair, texts, session)
+    if session is None:
+        session = ort_session(pair.onnx_path, threads)
+    if alone is None:
+        alone = compare.run_alone(pair, texts, session)
     rows, pad_id = alone.rows, pair.pieces.pad_id
     per_token, cosines, abs_sums = [], [], 0.0
     max_value, elements = 0.0, 0
