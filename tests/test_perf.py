@@ -170,6 +170,21 @@ def test_blocks_take_turns_after_an_untimed_switch():
     assert [len(t) for t in times.values()] == [2, 2]
 
 
+def test_a_block_is_no_longer_than_the_cells_seconds(monkeypatch):
+    """Blocks of 1 s of 0.1 s calls: a cell of 0 s times one call a turn, a cell of 0.25 s one block
+    of 3 calls (the untimed switch call before each block is not counted)."""
+    clock = {"now": 0.0}
+
+    def call():
+        clock["now"] += 0.1
+
+    monkeypatch.setattr(perf.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(perf, "wait_for_quiet", lambda: 0.0)
+    for min_seconds, timed in ((0.0, 2), (0.25, 3)):
+        times = perf.measure({"a": call}, min_seconds=min_seconds, min_repeats=2, warmup=0, block_seconds=1.0)
+        assert len(times["a"]) == timed, (min_seconds, times)
+
+
 class FakeTime:
     """perf's clock. Each sleep is a window in which the process's other threads use a whole core where
     `busy` says so (in order; idle after its end); `events` records the calls and each sleep."""

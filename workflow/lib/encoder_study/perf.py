@@ -129,7 +129,8 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
 
     `probe`: one probe turn opens every timed round (`Probe.turn`), its seconds under the key PROBE.
 
-    `block_seconds` > 0: each turn is a block of calls of at least that many seconds, after
+    `block_seconds` > 0: each turn is a block of calls of at least that many seconds (at most
+    `min_seconds`: a cell asked for less is not stretched; 0 asks for one call a turn), after
     `wait_for_quiet` and one untimed call. For runtimes with thread pools of their own (ONNX Runtime's
     spin after a run, PyTorch's OpenMP threads): a call right after the other runtime's shares the cores
     with its still-spinning threads and can take several times as long (measured: CHANGELOG.md), which
@@ -148,6 +149,7 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
     totals = dict.fromkeys(calls, 0.0)
     if probe is not None:
         times[PROBE] = []
+    fill = min(block_seconds, min_seconds)  # a block's length
     while pending := [n for n in calls if totals[n] < min_seconds or len(times[n]) < min_repeats]:
         if probe is not None:
             times[PROBE] += probe.turn()
@@ -165,7 +167,7 @@ def measure(calls: Mapping[str, Callable[[], object]], min_seconds: float, min_r
                 times[name].append(elapsed)
                 totals[name] += elapsed
                 block += elapsed
-                if block >= block_seconds:
+                if block >= fill:
                     break
     return times
 
