@@ -226,8 +226,9 @@ def test_a_pieces_budget_pools_as_the_modules_do(models, tmp_path):
         reference = encoder.forward_flat(documents)[0].numpy()
     graph = GraphTagger(model_dir, out, pooling="mean", max_length=16)
     graph.encoder.batch_pieces = 40
-    prepared = graph.encoder.tokenizer.prepare_many(documents, 16)
-    assert len(tagging_graph.piece_batches(prepared, 40)) > 2  # several runs, one over the budget
+    joined = graph.encoder.tokenizer.prepare_joined(documents, 16)
+    longest, windows = tagging_graph.window_counts(joined)
+    assert len(tagging_graph.piece_batches(longest, windows, 40)) > 2  # several runs, one over the budget
     ours = np.concatenate(graph.logits(documents))
     assert np.abs(ours - reference).max() < 1e-5
     # The speed table's passes: documents of several windows, so one call per planned batch ...
@@ -235,17 +236,48 @@ def test_a_pieces_budget_pools_as_the_modules_do(models, tmp_path):
     assert planned["calls"] == planned["batches"] and len(planned["batches"]) > 2
     assert sum(planned["lengths"]) <= sum(planned["padded"])
     # ... and one call for one-window documents: the modules then plan the same batches themselves.
-    short = [d for d, p in zip(documents, prepared, strict=True) if len(p.windows) == 1]
+    short = [d for d, n in zip(documents, windows, strict=True) if n == 1]
     planned = writeback.speed_batches(graph, short, 40)
     assert planned["calls"] == [short] and len(planned["batches"]) > 1
 
 
-def _windows(*lengths_of_docs):
-    """Stand-ins of prepared documents: `inputs` (windows of these lengths) and `windows` alone."""
-    from types import SimpleNamespace
+def _plain_feeds(tokenizer, documents, group, pad_id, max_length):
+    """A run's inputs built document by document from prepare_many's DocPieces, with plain loops: the
+    reference for PieceFeeds.feeds, which builds them from the flat arrays of prepare_joined."""
+    prepared = tokenizer.prepare_many(documents, max_length)
+    windows = [w for d in group for w in prepared[d].inputs] or [tokenizer.wrap(np.zeros(0, np.int64))]
+    length = max(len(w) for w in windows)
+    ids = np.full((len(windows), length), pad_id, np.int64)
+    mask = np.zeros((len(windows), length), np.int64)
+    for b, w in enumerate(windows):
+        ids[b, :len(w)], mask[b, :len(w)] = w, 1
+    table, first = [], 0
+    for d in group:
+        doc = prepared[d]
+        for i in range(doc.words.n_words):
+            table.append([int((first + doc.owner[p]) * length + doc.row[p]) for p in doc.words.pieces_of(i)])
+        first += len(doc.inputs)
+    width = max([1] + [len(r) for r in table])
+    return ids, mask, np.array([r + [-1] * (width - len(r)) for r in table], np.int64).reshape(-1, width)
 
-    return [SimpleNamespace(inputs=[np.zeros(n, np.int64) for n in doc], windows=list(doc))
-            for doc in lengths_of_docs]
+
+@pytest.mark.parametrize("budget", [None, 40])
+def test_the_feeds_from_flat_arrays_equal_the_per_document_ones(models, budget):
+    """Every run's input_ids, attention_mask and word_pieces, as _plain_feeds builds them (several
+    windows per document, an empty word, documents without words or text), in either grouping."""
+    feeds = tagging_graph.PieceFeeds(models["bert-tiny"], "mean", 16, 3, batch_pieces=budget)
+    documents = docs()
+    runs = feeds.batches(feeds.tokenizer.prepare_joined(documents, 16))
+    assert sorted(d for group, _ in runs for d in group) == list(range(len(documents))) and len(runs) > 2
+    for group, inputs in runs:
+        ids, mask, table = _plain_feeds(feeds.tokenizer, documents, group, feeds.pad_id, 16)
+        assert np.array_equal(inputs["input_ids"], ids) and np.array_equal(inputs["attention_mask"], mask)
+        assert np.array_equal(inputs[tagging_graph.WORD_PIECES], table), group
+
+
+def _windows(*lengths_of_docs):
+    """piece_batches' view of documents whose windows have these lengths: (longest, windows)."""
+    return [max(doc) for doc in lengths_of_docs], [len(doc) for doc in lengths_of_docs]
 
 
 def test_piece_batches_group_as_the_trainable_encoder_plans():
@@ -256,14 +288,14 @@ def test_piece_batches_group_as_the_trainable_encoder_plans():
     rng = np.random.default_rng(0)
     for budget in (16, 40, 100, 10_000):
         lengths = [int(n) for n in rng.integers(1, 17, size=30)]
-        assert tagging_graph.piece_batches(_windows(*([n] for n in lengths)), budget) == \
+        assert tagging_graph.piece_batches(*_windows(*([n] for n in lengths)), budget) == \
             plan_batches(lengths, budget)
-    assert tagging_graph.piece_batches(_windows([3], [2], [4]), 1) == [[2], [0], [1]]
+    assert tagging_graph.piece_batches(*_windows([3], [2], [4]), 1) == [[2], [0], [1]]
     # [5, 5] (10 padded), [6] (6), [3], [4, 4, 4] (12): longest first, windows x longest <= 12
-    assert tagging_graph.piece_batches(_windows([5, 5], [6], [3], [4, 4, 4]), 12) == [[1], [0], [3], [2]]
-    assert tagging_graph.piece_batches(_windows([5, 5], [6], [3], [4, 4, 4]), 18) == [[1, 0], [3, 2]]
+    assert tagging_graph.piece_batches(*_windows([5, 5], [6], [3], [4, 4, 4]), 12) == [[1], [0], [3], [2]]
+    assert tagging_graph.piece_batches(*_windows([5, 5], [6], [3], [4, 4, 4]), 18) == [[1, 0], [3, 2]]
     with pytest.raises(ValueError, match="max_pieces"):
-        tagging_graph.piece_batches([], 0)
+        tagging_graph.piece_batches([], [], 0)
 
 
 def test_the_piece_table_lists_each_words_pieces_in_order():

@@ -431,13 +431,13 @@ def speed_batches(graph, docs: list, batch_pieces: int) -> dict:
     set once and runs its batches back to back, as a pipeline tagging a file does; else one call per
     batch."""
     feeds = graph.encoder
-    prepared = feeds.tokenizer.prepare_many(docs, feeds.max_length)
-    groups = tagging_graph.piece_batches(prepared, batch_pieces)
-    lengths = [len(window) for doc in prepared for window in doc.inputs]
-    padded = [sum(len(prepared[d].inputs) for d in g) * max(len(w) for d in g for w in prepared[d].inputs)
-              for g in groups]
+    joined = feeds.tokenizer.prepare_joined(docs, feeds.max_length)
+    longest, windows = tagging_graph.window_counts(joined)
+    groups = tagging_graph.piece_batches(longest, windows, batch_pieces)
+    lengths = [len(window) for window in joined.inputs]
+    padded = [sum(windows[d] for d in g) * max(longest[d] for d in g) for g in groups]
     batches = [[docs[d] for d in g] for g in groups]
-    whole = all(len(doc.inputs) == 1 for doc in prepared) and max(lengths, default=0) <= batch_pieces
+    whole = all(n == 1 for n in windows) and max(lengths, default=0) <= batch_pieces
     return {"batches": batches, "lengths": lengths, "padded": padded,
             "calls": [docs] if whole else batches, "budget": max([batch_pieces, *padded])}
 

@@ -24,12 +24,13 @@ vector in that order, `first` takes the first listed piece's vector, and a word 
 zeros, as `tokens.WordPieces.pool` and `trainable.words` compute. Then logits = words @ weight + bias
 (weight stored [width, tags], as the exporter stores every MatMul weight) and tags = their argmax
 (the first of equal logits, as torch.argmax). The map being an input, the caller says which window
-each piece is read from: the one `tokens.DocPieces.owner` names, as both encoders read it.
+each piece is read from: the one `tokens.JoinedPieces.window` names, as both encoders read it.
 
 Every op is in the default domain with the signature it has had since opset 13 (ReduceSum and
 Unsqueeze take their axes as an input); `patch` refuses an older graph.
 
-`GraphTagger` cuts documents as both encoders do (`tokens.PieceTokenizer.prepare_many`), groups them
+`GraphTagger` cuts documents as both encoders do (`tokens.PieceTokenizer.prepare_joined`, in flat arrays
+over all documents: cutting them into per-document objects cost more than the feeds), groups them
 as `Tagger.predict` does (`word_batches`), and runs each group's documents, longest first, in
 batches of at most `batch_size` windows (a document's windows share a batch, since its words may read
 pieces from each), every batch's inputs made before the first run, so the runs go back to back: no
@@ -52,7 +53,7 @@ from ..errors import UserError
 from ..frozen import EncoderError, open_export
 from ..onnx import names
 from ..runtime import INPUTS, OUTPUT, usable_positions
-from ..tokens import Doc, DocPieces, PieceTokenizer, WordPieces, check_pooling, join_word_pieces
+from ..tokens import Doc, JoinedPieces, PieceTokenizer, WordPieces, check_pooling
 from .tagger import EVAL_BATCH_WORDS, word_batches
 
 WORD_PIECES = "word_pieces"  # int64 [words, pieces_per_word]
@@ -141,24 +142,23 @@ class _Nodes:
 
 # -- running it -----------------------------------------------------------------------------------------
 
-def piece_batches(prepared: Sequence[DocPieces], max_pieces: int) -> list[list[int]]:
-    """Document indices in runs of at most `max_pieces` padded pieces: documents longest window first
-    (ties in order), a run taking documents while its windows x its longest window (the first
-    document's) stay within the budget; a document's windows share a run, and one over the budget
-    runs alone. The grouping `trainable.words.plan_batches` makes of one-window documents."""
+def piece_batches(longest: Sequence[int], windows: Sequence[int], max_pieces: int) -> list[list[int]]:
+    """Document indices in runs of at most `max_pieces` padded pieces, for documents of `windows[d]`
+    windows whose longest has `longest[d]` ids: longest first (ties in order), a run taking documents
+    while its windows x its longest window (the first document's) stay within the budget; a document's
+    windows share a run, and one over the budget runs alone. The grouping
+    `trainable.words.plan_batches` makes of one-window documents."""
     if isinstance(max_pieces, bool) or not isinstance(max_pieces, int) or max_pieces < 1:
         raise ValueError(f"max_pieces must be a positive integer, got {max_pieces!r}")
-    longest = [max(map(len, doc.inputs), default=0) for doc in prepared]
     runs: list[list[int]] = []
-    windows = 0
-    for d in sorted(range(len(prepared)), key=lambda d: -longest[d]):
-        n = len(prepared[d].windows)
-        if runs and (windows + n) * longest[runs[-1][0]] <= max_pieces:
+    count = 0
+    for d in sorted(range(len(longest)), key=lambda d: -longest[d]):
+        if runs and (count + windows[d]) * longest[runs[-1][0]] <= max_pieces:
             runs[-1].append(d)
-            windows += n
+            count += windows[d]
         else:
             runs.append([d])
-            windows = n
+            count = windows[d]
     return runs
 
 
@@ -201,41 +201,69 @@ class PieceFeeds:
         self.pad_id = int(pad) if pad is not None else 0
         self.width = int(self.config["hidden_size"])
 
-    def batches(self, prepared: Sequence[DocPieces]) -> list[tuple[list[int], dict[str, np.ndarray]]]:
-        """(document indices, the graph's inputs) of each run: documents longest window first (ties
-        in order), at most `batch_size` windows a run unless one document has more (or at most
-        `batch_pieces` padded pieces, when set)."""
+    def batches(self, joined: JoinedPieces) -> list[tuple[list[int], dict[str, np.ndarray]]]:
+        """(document indices, the graph's inputs) of each run over `joined`'s documents: longest window
+        first (ties in order), at most `batch_size` windows a run unless one document has more (or at
+        most `batch_pieces` padded pieces, when set)."""
+        longest, windows = window_counts(joined)
         if self.batch_pieces is not None:
-            return [(group, self.feeds([prepared[d] for d in group]))
-                    for group in piece_batches(prepared, self.batch_pieces)]
-        order = sorted(range(len(prepared)), key=lambda d: -max(map(len, prepared[d].inputs), default=0))
-        groups: list[list[int]] = []
-        windows = 0
-        for d in order:
-            n = len(prepared[d].windows)
-            if not groups or windows + n > self.batch_size:
-                groups.append([])
-                windows = 0
-            groups[-1].append(d)
-            windows += n
-        return [(group, self.feeds([prepared[d] for d in group])) for group in groups]
+            groups = piece_batches(longest, windows, self.batch_pieces)
+        else:
+            groups = []
+            count = 0
+            for d in sorted(range(len(longest)), key=lambda d: -longest[d]):
+                if not groups or count + windows[d] > self.batch_size:
+                    groups.append([])
+                    count = 0
+                groups[-1].append(d)
+                count += windows[d]
+        return [(group, self.feeds(joined, group)) for group in groups]
 
-    def feeds(self, group: Sequence[DocPieces]) -> dict[str, np.ndarray]:
-        """The inputs of one run over these documents' windows (one window of specials alone when they
-        have none: their words read no piece)."""
-        windows = [ids for doc in group for ids in doc.inputs] or [self.tokenizer.wrap(np.zeros(0, np.int64))]
+    def feeds(self, joined: JoinedPieces, group: Sequence[int]) -> dict[str, np.ndarray]:
+        """The inputs of one run over these documents' windows, in this order (one window of specials
+        alone when they have none: their words read no piece)."""
+        docs = np.asarray(group, dtype=np.int64)
+        first = joined.first_window
+        mine = _ranges(first[docs], first[docs + 1])  # the run's windows, in run order
+        windows = [joined.inputs[j] for j in mine.tolist()] or [self.tokenizer.wrap(np.zeros(0, np.int64))]
         input_ids, mask = runtime.pad_batch(windows, self.pad_id)
-        length = input_ids.shape[1]
-        first_window = np.cumsum([0] + [len(doc.windows) for doc in group])
-        pieces = [len(doc) for doc in group]
-        # Piece p of document i is read from window owner[p] at position row[p]: that row of the batch
-        # (every document's at once: one array operation a run, not a few per document).
-        owner = np.concatenate([np.zeros(0, np.int64)] + [doc.owner for doc in group])
-        row = np.concatenate([np.zeros(0, np.int64)] + [doc.row for doc in group])
-        rows = (np.repeat(first_window[:-1], pieces) + owner) * length + row
-        piece_start = np.cumsum([0] + pieces)[:-1]
-        words = join_word_pieces([doc.words for doc in group], piece_start)
-        return {"input_ids": input_ids, "attention_mask": mask, WORD_PIECES: piece_table(words, rows)}
+        # Piece p is read from its window's row of the batch at position row[p]: row b x length + row[p]
+        # of the flattened output (every document's pieces at once).
+        slot = np.zeros(len(joined.inputs), dtype=np.int64)
+        slot[mine] = np.arange(len(mine))
+        pieces = _ranges(joined.piece_start[docs], joined.piece_start[docs + 1])
+        rows = slot[joined.window[pieces]] * input_ids.shape[1] + joined.row[pieces]
+        # The documents' words and pairs, renumbered from the run's first: pairs are sorted by word, so
+        # a document's are one run of them.
+        words, starts = joined.words, joined.word_start
+        bounds = np.searchsorted(words.word, starts)
+        pairs = _ranges(bounds[docs], bounds[docs + 1])
+        n_words, n_pieces = starts[docs + 1] - starts[docs], np.diff(joined.piece_start)[docs]
+        word_shift = np.cumsum(n_words) - n_words - starts[docs]  # global word -> the run's numbering
+        piece_shift = np.cumsum(n_pieces) - n_pieces - joined.piece_start[docs]
+        pairs_of = bounds[docs + 1] - bounds[docs]
+        run_words = WordPieces(int(n_words.sum()), words.word[pairs] + np.repeat(word_shift, pairs_of),
+                               words.piece[pairs] + np.repeat(piece_shift, pairs_of))
+        return {"input_ids": input_ids, "attention_mask": mask, WORD_PIECES: piece_table(run_words, rows)}
+
+
+def window_counts(joined: JoinedPieces) -> tuple[list[int], list[int]]:
+    """Each document's longest window (ids, specials included; 0 without windows) and its windows."""
+    sizes = np.fromiter(map(len, joined.inputs), np.int64, len(joined.inputs))
+    first = joined.first_window
+    windows = np.diff(first)
+    longest = np.zeros(len(windows), dtype=np.int64)
+    some = windows > 0
+    if some.any():
+        longest[some] = np.maximum.reduceat(sizes, first[:-1][some])
+    return longest.tolist(), windows.tolist()
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The integers of [starts[i], ends[i]) for each i in turn, in one array."""
+    counts = ends - starts
+    return np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(counts) - counts),
+                                                                     counts)
 
 
 class GraphTagger:
@@ -308,13 +336,14 @@ class GraphTagger:
     def _run(self, docs: list[Doc], output: str) -> list[np.ndarray]:
         """`output` of each document: every run's inputs made first, then the runs back to back."""
         feeds = self.encoder
-        prepared = feeds.tokenizer.prepare_many(docs, feeds.max_length)
-        batches = feeds.batches(prepared)
+        joined = feeds.tokenizer.prepare_joined(docs, feeds.max_length)
+        batches = feeds.batches(joined)
         results = [self.session.run([output], inputs)[0] for _, inputs in batches]
+        n_words = np.diff(joined.word_start).tolist()
         out: list[np.ndarray] = [np.zeros(0)] * len(docs)
         for (group, _), result in zip(batches, results, strict=True):
             end = 0
             for d in group:  # slices, not np.split: a view each either way, at a fraction of the cost
-                start, end = end, end + prepared[d].words.n_words
+                start, end = end, end + n_words[d]
                 out[d] = result[start:end]
         return out
