@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain
 from pathlib import Path
 
@@ -279,11 +280,17 @@ class JoinedPieces:
     spans: np.ndarray               # int64 [windows, 2]: each window's piece range [start, end) in ids
     first_window: np.ndarray        # int64 [docs + 1]: where each document's windows start
 
+    @cached_property
+    def pair_start(self) -> np.ndarray:
+        """int64 [docs + 1]: where each document's (word, piece) pairs start in `words` (pairs are sorted
+        by word, so a document's, as its words, are one run)."""
+        return np.searchsorted(self.words.word, self.word_start).astype(np.int64)
+
     def documents(self) -> list[DocPieces]:
         """Each document's DocPieces: its slices of the arrays, its pieces, windows and words numbered
         from its own first."""
         pieces, windows, words = (a.tolist() for a in (self.piece_start, self.first_window, self.word_start))
-        pairs = np.searchsorted(self.words.word, self.word_start).tolist()  # a document's pairs: one run
+        pairs = self.pair_start.tolist()
         out = []
         for d in range(len(pieces) - 1):
             a, b, j, k, p, q = pieces[d], pieces[d + 1], windows[d], windows[d + 1], pairs[d], pairs[d + 1]

@@ -227,23 +227,21 @@ class PieceFeeds:
         mine = _ranges(first[docs], first[docs + 1])  # the run's windows, in run order
         windows = [joined.inputs[j] for j in mine.tolist()] or [self.tokenizer.wrap(np.zeros(0, np.int64))]
         input_ids, mask = runtime.pad_batch(windows, self.pad_id)
-        # Piece p is read from its window's row of the batch at position row[p]: row b x length + row[p]
-        # of the flattened output (every document's pieces at once).
-        slot = np.zeros(len(joined.inputs), dtype=np.int64)
-        slot[mine] = np.arange(len(mine))
-        pieces = _ranges(joined.piece_start[docs], joined.piece_start[docs + 1])
-        rows = slot[joined.window[pieces]] * input_ids.shape[1] + joined.row[pieces]
-        # The documents' words and pairs, renumbered from the run's first: pairs are sorted by word, so
-        # a document's are one run of them.
-        words, starts = joined.words, joined.word_start
-        bounds = np.searchsorted(words.word, starts)
-        pairs = _ranges(bounds[docs], bounds[docs + 1])
-        n_words, n_pieces = starts[docs + 1] - starts[docs], np.diff(joined.piece_start)[docs]
-        word_shift = np.cumsum(n_words) - n_words - starts[docs]  # global word -> the run's numbering
-        piece_shift = np.cumsum(n_pieces) - n_pieces - joined.piece_start[docs]
-        pairs_of = bounds[docs + 1] - bounds[docs]
-        run_words = WordPieces(int(n_words.sum()), words.word[pairs] + np.repeat(word_shift, pairs_of),
-                               words.piece[pairs] + np.repeat(piece_shift, pairs_of))
+        # The documents' windows, pieces and words renumbered from the run's first (each document's are
+        # one run of the joined arrays): piece p is read from row (its window's place in the run) x
+        # length + row[p] of the flattened output.
+        starts, words = joined.piece_start, joined.words
+        n_windows, n_pieces = first[docs + 1] - first[docs], starts[docs + 1] - starts[docs]
+        pieces = _ranges(starts[docs], starts[docs + 1])
+        window = joined.window[pieces] + np.repeat(_shift(n_windows, first[docs]), n_pieces)
+        rows = window * input_ids.shape[1] + joined.row[pieces]
+        pair_start, word_start = joined.pair_start, joined.word_start
+        n_pairs = pair_start[docs + 1] - pair_start[docs]
+        pairs = _ranges(pair_start[docs], pair_start[docs + 1])
+        n_words = word_start[docs + 1] - word_start[docs]
+        run_words = WordPieces(int(n_words.sum()),
+                               words.word[pairs] + np.repeat(_shift(n_words, word_start[docs]), n_pairs),
+                               words.piece[pairs] + np.repeat(_shift(n_pieces, starts[docs]), n_pairs))
         return {"input_ids": input_ids, "attention_mask": mask, WORD_PIECES: piece_table(run_words, rows)}
 
 
@@ -259,11 +257,16 @@ def window_counts(joined: JoinedPieces) -> tuple[list[int], list[int]]:
     return longest.tolist(), windows.tolist()
 
 
+def _shift(counts: np.ndarray, firsts: np.ndarray) -> np.ndarray:
+    """What to add to item firsts[i] + k of a joined array to number it in runs of `counts` laid one
+    after another: counts before i, less firsts[i]."""
+    return np.cumsum(counts) - counts - firsts
+
+
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """The integers of [starts[i], ends[i]) for each i in turn, in one array."""
     counts = ends - starts
-    return np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(counts) - counts),
-                                                                     counts)
+    return np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(_shift(counts, starts), counts)
 
 
 class GraphTagger:
