@@ -11,13 +11,15 @@ from snakemake.exceptions import WorkflowError
 # The dependency walker and these constants use the standard library only: they import in any environment.
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "lib"))
 from encoder_study.data import SPLITS as TREEBANK_SPLITS
-from encoder_study.deps import code_files
+from encoder_study.deps import code_files, code_stamp
 from encoder_study.files import local_path
 from encoder_study.machine import cores as machine_cores
 
 LIB_ROOT = Path("workflow/lib")
 # The dependency walk's parsed files, by content (encoder_study.deps): it saves every command ~0.5 s.
 DEPS_CACHE = Path(".snakemake/encoder-study/deps.json")
+# One code stamp per package file (encoder_study.deps.code_stamp): rewritten only when its code changes.
+CODE_STAMPS = Path(".snakemake/encoder-study/code")
 
 # Jobs find `encoder-study` beside the Python that runs Snakemake, so `.venv/bin/snakemake` works
 # without activating the environment (with --sdm conda the job's own environment comes first).
@@ -48,9 +50,16 @@ RECIPES = {}
 
 
 def lib_code(command, subcommand=None):
-    """The package files `encoder-study <command> <subcommand>` runs: a change to any reruns the rule."""
+    """The code stamps of the package files `encoder-study <command> <subcommand>` runs: a change to the
+    code of any (not to its comments, layout or docstrings) reruns the rule, and the reason names it."""
     function = subcommand.replace("-", "_") if subcommand else None
-    return code_files(LIB_ROOT, f"encoder_study.commands.{command}", function, cache=DEPS_CACHE)
+    stamps = []
+    for source in code_files(LIB_ROOT, f"encoder_study.commands.{command}", function, cache=DEPS_CACHE):
+        stamp, changed = code_stamp(source, CODE_STAMPS, LIB_ROOT, DEPS_CACHE)
+        if changed:  # said once, when the edit is first seen (the stamp keeps the list)
+            print(f"code changed: {source}: {', '.join(changed)} (stamp {stamp})", file=sys.stderr)
+        stamps.append(stamp)
+    return stamps
 
 
 def prov(recipe, rule, wildcards=""):

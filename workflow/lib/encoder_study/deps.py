@@ -12,6 +12,14 @@ Parsing the package is most of the walk's time, paid by every `snakemake` comman
 `cache` (the Snakefile gives .snakemake/encoder-study/deps.json) each file's imports and names are
 kept under the SHA-256 of its bytes: a file whose bytes changed is parsed again, whatever its size
 or time stamps; the cache is disposable, and one that cannot be read or written is ignored.
+
+A rule's code inputs are not the files themselves but their code stamps (`code_stamp`): one small
+JSON file per module that holds the SHA-256 of the code the interpreter runs (the module's syntax
+tree without docstrings, written back out by `ast.unparse`, so comments, blank lines, layout and
+docstrings do not count) and is rewritten only when that code changes. An edit that changes no code
+then leaves every stamp, and so every job, as it was; a real change rewrites the file's stamp, which
+names the functions and classes that changed, and Snakemake's reason names the stamp. The crate
+and `verify` still hash each file's exact bytes.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from . import files
 
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 # What a summary holds; a cache written by another format or Python (its parser) is not read.
-CACHE_FORMAT = {"format": 1, "python": f"{sys.version_info[0]}.{sys.version_info[1]}"}
+CACHE_FORMAT = {"format": 2, "python": f"{sys.version_info[0]}.{sys.version_info[1]}"}
 
 # The package's import and the dispatcher run for every command.
 ALWAYS = ("encoder_study", "encoder_study.cli")
@@ -62,14 +70,48 @@ def _raw_imports(nodes: list[ast.AST]) -> list[list]:
 
 def _summary(tree: ast.Module) -> dict:
     """What the walk needs of a file: its imports (all; outside definitions; per top-level definition)
-    and, per definition, the other top-level definitions it names."""
+    and, per definition, the other top-level definitions it names; and its code's digests (`_code`)."""
     defined = {n.name: n for n in tree.body if isinstance(n, DEFINITIONS)}
     return {"all": _raw_imports([tree]),
             "top": _raw_imports([n for n in tree.body if not isinstance(n, DEFINITIONS)]),
             "defs": {name: {"imports": _raw_imports([node]),
                             "names": sorted({n.id for n in ast.walk(node)
                                              if isinstance(n, ast.Name) and n.id in defined})}
-                     for name, node in defined.items()}}
+                     for name, node in defined.items()},
+            **_code(tree)}
+
+
+# The key of a module's statements outside its functions and classes, among the definitions' names.
+MODULE_LEVEL = "(module level)"
+
+
+def _without_docstrings(tree: ast.Module) -> ast.Module:
+    """`tree` with the docstring of the module and of every function and class taken out (a body left
+    empty gets `pass`, which runs the same). Changes `tree` in place."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, *DEFINITIONS)) and node.body:
+            first = node.body[0]
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _code(tree: ast.Module) -> dict:
+    """The SHA-256 of the code a file runs, and of each top-level function and class (to name what
+    changed); statements outside them count together, under MODULE_LEVEL. `ast.unparse` writes the
+    same text for the same tree, whatever the comments, layout, quotes or docstrings were."""
+    tree = _without_docstrings(tree)
+    parts: dict[str, list[str]] = {}
+    for node in tree.body:
+        name = node.name if isinstance(node, DEFINITIONS) else MODULE_LEVEL
+        parts.setdefault(name, []).append(ast.unparse(node))
+    return {"code": _digest(ast.unparse(tree)),
+            "definitions": {name: _digest("\n".join(texts)) for name, texts in sorted(parts.items())}}
 
 
 def _imported(root: Path, module: str, raw: list[list]) -> set[str]:
@@ -114,6 +156,13 @@ def _reached(summary: dict, function: str) -> list[list]:
     return raw
 
 
+def _readable(path: str) -> None:
+    """mkstemp makes 0600; others sharing the folder read it too."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 class _Cache:
     """File summaries by the SHA-256 of the file's bytes, read once per process from `path`."""
 
@@ -149,9 +198,7 @@ class _Cache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             handle, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; others sharing the folder read it too
+            _readable(tmp)
             with os.fdopen(handle, "w", encoding="utf-8") as out:
                 json.dump({**CACHE_FORMAT, "files": self.entries}, out, sort_keys=True)
             os.replace(tmp, self.path)  # whole or not at all, also with concurrent Snakemake processes
@@ -202,3 +249,55 @@ def code_files(root: str | Path, module: str, function: str | None = None,
             todo.extend(_module_imports(root, name, cache))
     _cache(cache).save()
     return sorted(str(_file(root, name)) for name in seen)
+
+
+# What a stamp holds; a stamp of another format is written anew (and so reruns what reads the file).
+STAMP_FORMAT = 1
+
+
+def _read_stamp(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == STAMP_FORMAT else None
+
+
+@functools.cache
+def code_stamp(source: str | Path, stamps: str | Path, root: str | Path,
+               cache: str | Path | None = None) -> tuple[str, list[str] | None]:
+    """The code stamp of package file `source`: `stamps`/<its path under `root`>.json (see the module
+    docstring), and what changed since the stamp was last written: None when the stamp holds this code,
+    else the changed definitions' names (empty for a new stamp).
+
+    A stamp is rewritten only when the code changes, so its time stamp is the time of the last real
+    change: Snakemake's mtime trigger reruns a job whose outputs are older. A new stamp takes the
+    source's time, so that a finished run whose code is as it was stays finished. Made once per
+    process: a Snakefile asks for each file once per rule.
+    """
+    source = Path(source)
+    summary = _file_summary(source, None if cache is None else Path(cache).absolute())
+    target = Path(stamps) / f"{source.relative_to(root).as_posix()}.json"
+    old = _read_stamp(target)
+    if old is not None and old.get("code") == summary["code"]:
+        return str(target), None
+    before = old.get("definitions", {}) if old is not None else {}
+    now = summary["definitions"]
+    changed = [] if old is None else sorted(n for n in {*before, *now} if before.get(n) != now.get(n))
+    record = {"format": STAMP_FORMAT, "file": source.as_posix(), "code": summary["code"],
+              "changed": changed, "definitions": now}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
+    try:
+        _readable(tmp)
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(record, out, indent=1, sort_keys=True)
+            out.write("\n")
+        if old is None:
+            times = source.stat()
+            os.utime(tmp, ns=(times.st_atime_ns, times.st_mtime_ns))
+        os.replace(tmp, target)  # whole or not at all, also with concurrent Snakemake processes
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return str(target), changed
