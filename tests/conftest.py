@@ -77,8 +77,8 @@ def exports(tiny_exports, minilm_export) -> dict[str, Path]:
 # files that read the session's small_workflow run are one group, so that it is made once. That group,
 # the longest, starts first; the other worker meanwhile takes the rest.
 # In this order: test_slurm starts the cluster's run before the shared run is made, to run beside it;
-# test_workflow edits the run last.
-SHARED_RUN = ("test_slurm.py", "test_rehearsal.py", "test_workflow.py")
+# test_reruns edits the run's code and puts it back; test_workflow edits the run last.
+SHARED_RUN = ("test_slurm.py", "test_rehearsal.py", "test_reruns.py", "test_workflow.py")
 FIRST = ("small_workflow",)
 
 

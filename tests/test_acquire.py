@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from encoder_study import acquire, files, reference
+from encoder_study import acquire, reference
+from encoder_study.core import files
 
 
 def _model_files(directory: Path) -> None:

@@ -2,8 +2,9 @@
 
 import pytest
 
-from encoder_study import benchmarks, perf, tables
+from encoder_study import benchmarks, perf
 from encoder_study.commands.benchmarks import parser
+from encoder_study.core import tables
 from encoder_study.onnx import fusion
 
 

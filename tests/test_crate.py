@@ -1,5 +1,6 @@
-"""The run's Workflow Run RO-Crate (encoder_study.crate) and its digest: built from fragments the tests
-write with the real Fragment writer, the crate passes roc-validator's Provenance Run Crate profile at
+"""The run's Workflow Run RO-Crate (encoder_study.provenance.crate) and its digest: built from fragments
+the tests write with the real Fragment writer, the crate passes roc-validator's Provenance Run Crate
+profile at
 the REQUIRED and RECOMMENDED levels (offline: tests/crate_validation.py), lists every file of every
 fragment, the workflow's code, the joined PROVENANCE.md and the report's pages with their SHA-256, is
 the same bytes twice, and refuses a tampered or missing fragment with a message naming the file and
@@ -20,7 +21,10 @@ import pytest
 from crate_validation import MAIN_WORKFLOW_ID_CHECK, but_main_workflow_id, fill_cache, validate
 
 from conftest import ROOT, runner
-from encoder_study import crate, files, provenance
+from encoder_study import provenance
+from encoder_study.core import files
+from encoder_study.provenance import crate
+from encoder_study.provenance.records import read_record, record_name
 
 run = runner("provenance")
 AGENT = "Ada Lovelace <ada@example.org>"
@@ -163,8 +167,8 @@ def test_every_file_of_every_fragment_is_listed_with_its_sha256(run_dir):
     entities = _entities(built)
     listed = crate.files_of(built)
     for fragment in FRAGMENTS:
-        record = provenance.read_record(provenance.twin(fragment))
-        job = entities[crate.local_id("job", provenance.record_name(record))]
+        record = read_record(provenance.twin(fragment))
+        job = entities[crate.local_id("job", record_name(record))]
         assert job["@type"] == "CreateAction"
         assert job["instrument"] == {"@id": f"{CODE_URL}#rule-{record['rule']}"}
         assert job["startTime"] == record["started"] and job["endTime"] == record["finished"]
@@ -197,10 +201,10 @@ def test_every_file_of_every_fragment_is_listed_with_its_sha256(run_dir):
     assert steps == {crate.local_id("step", r) for r in ("demo_make", "demo_table", "demo_check")}
     snakemake = entities[crate.SNAKEMAKE_LANGUAGE]["version"]
     assert snakemake == provenance.library_versions(["snakemake"])["snakemake"]
-    version = provenance.read_record(provenance.twin(FRAGMENTS[0]))["version"]
+    version = read_record(provenance.twin(FRAGMENTS[0]))["version"]
     assert entities["Snakefile"]["version"] == version
     # The crate's own fragment names the twins it read and the crate and digest it wrote.
-    own = provenance.read_record(provenance.twin(OWN_FRAGMENT))
+    own = read_record(provenance.twin(OWN_FRAGMENT))
     assert {f["path"] for f in own["files"] if f["role"] == "output"} == {crate.CRATE_NAME, crate.DIGEST_NAME}
     assert {provenance.twin(f).as_posix() for f in FRAGMENTS} <= {f["path"] for f in own["files"]}
 
@@ -309,7 +313,7 @@ def test_a_missing_twin_and_a_stale_fragment_are_refused(run_dir):
 
 
 def test_an_environment_file_other_than_its_fragment_names_is_refused(run_dir):
-    environment = Path(provenance.read_record(provenance.twin(FRAGMENTS[0]))["environment"]["path"])
+    environment = Path(read_record(provenance.twin(FRAGMENTS[0]))["environment"]["path"])
     environment.write_text(environment.read_text().replace('"distributions"', '"distributions" ', 1))
     with pytest.raises(crate.CrateError, match=r"names the environment file .* rerun the rule"):
         _build()

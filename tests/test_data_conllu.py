@@ -8,11 +8,13 @@ import conllu
 import pytest
 
 from conftest import runner
-from encoder_study import cli, files, provenance
+from encoder_study import cli, provenance
 from encoder_study.commands import tagging as command
-from encoder_study.data import SPLITS
+from encoder_study.core import files
+from encoder_study.data import SPLITS, fetch
 from encoder_study.data import conllu as treebank
 from encoder_study.data import synthetic as generator
+from encoder_study.provenance.records import read_record
 from encoder_study.tokens import Doc
 
 T = "\t"
@@ -402,18 +404,18 @@ def test_fetch_file_url_with_right_wrong_and_no_hash(tmp_path):
     digest = hashlib.sha256(GOLD.encode("utf-8")).hexdigest()
     out = tmp_path / "treebank" / "dev.conllu"
 
-    got = treebank.fetch(source.as_uri(), out, digest.upper())
+    got = fetch.treebank(source.as_uri(), out, digest.upper())
     assert (got.sha256, got.pinned, len(got.sentences)) == (digest, True, 2)
     assert out.read_bytes() == source.read_bytes()
 
     out.write_bytes(b"before")
     with pytest.raises(files.IntegrityError) as err:
-        treebank.fetch(source.as_uri(), out, "0" * 64)
+        fetch.treebank(source.as_uri(), out, "0" * 64)
     assert digest in str(err.value) and "0" * 64 in str(err.value)
     assert out.read_bytes() == b"before"  # left as it was, no temporary file beside it
     assert sorted(p.name for p in out.parent.iterdir()) == ["dev.conllu"]
 
-    got = treebank.fetch(str(source), out, "")  # a plain path, nothing pinned: the hash is recorded
+    got = fetch.treebank(str(source), out, "")  # a plain path, nothing pinned: the hash is recorded
     assert (got.sha256, got.pinned) == (digest, False) and out.read_bytes() == source.read_bytes()
 
 
@@ -422,12 +424,12 @@ def test_fetch_refuses_bad_files_pins_and_sources(tmp_path):
     bad.write_text(_edit(9, row("5", "the", "DT")), encoding="utf-8")
     out = tmp_path / "out.conllu"
     with pytest.raises(treebank.TreebankError, match=rf"^{bad.as_uri()}:9: unknown UPOS 'DT'"):
-        treebank.fetch(bad.as_uri(), out)
+        fetch.treebank(bad.as_uri(), out)
     assert not out.exists()
     with pytest.raises(treebank.TreebankError, match="not a SHA-256"):
-        treebank.fetch(bad.as_uri(), out, "abc")
+        fetch.treebank(bad.as_uri(), out, "abc")
     with pytest.raises(treebank.TreebankError, match="no such file"):
-        treebank.fetch((tmp_path / "missing.conllu").as_uri(), out)
+        fetch.treebank((tmp_path / "missing.conllu").as_uri(), out)
 
 
 # --- the command --------------------------------------------------------------------------------------
@@ -444,7 +446,7 @@ def test_treebank_command_writes_files_and_fragment(tmp_path, capsys):
     for split in SPLITS:
         assert (out_dir / f"{split}.conllu").read_text(encoding="utf-8") == expected[split]
     body = frag.read_text(encoding="utf-8")
-    rows = provenance.read_record(provenance.twin(frag))["files"]
+    rows = read_record(provenance.twin(frag))["files"]
     assert [(r["role"], r["path"]) for r in rows] == [("output", (out_dir / f"{s}.conllu").as_posix())
                                                       for s in SPLITS]
     assert all(r["sha256"] == files.sha256_file(r["path"]) for r in rows)
@@ -471,7 +473,7 @@ def test_fetch_command_records_or_checks_the_hash(tmp_path, capsys):
     body = frag.read_text(encoding="utf-8")
     assert f"SHA-256 {digest}: recorded on first download, not pinned" in body
     assert "| train | 2 | 17 | 2 | 1 |" in body  # sentences, words, multiword tokens, empty nodes
-    rows = provenance.read_record(provenance.twin(frag))["files"]
+    rows = read_record(provenance.twin(frag))["files"]
     assert [(r["role"], r["path"]) for r in rows] == [("input", source.as_posix()),
                                                       ("output", out.as_posix())]
     assert fetch(digest) == 0 and f"SHA-256 {digest} (pinned and checked)" in frag.read_text(encoding="utf-8")

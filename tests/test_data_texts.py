@@ -17,8 +17,8 @@ import pytest
 import regex
 
 from conftest import ROOT, cli_runner
-from encoder_study import files
-from encoder_study.data import texts
+from encoder_study.core import files
+from encoder_study.data import fetch, selection, texts
 
 command = cli_runner("parity")
 
@@ -279,25 +279,26 @@ def sample_sources():
 def test_language_asked_for_must_be_registered():
     with pytest.raises(texts.TextError, match=r"--languages: language 'xyz' is not in the language registry "
                                               r"\(LANGUAGES in encoder_study/data/texts\.py\); add it there"):
-        texts.select_texts(sample_sources(), {"tatoeba": 3, "udhr": 1}, 0, 400, ["eng", "xyz"])
+        selection.select_texts(sample_sources(), {"tatoeba": 3, "udhr": 1}, 0, 400, ["eng", "xyz"])
     with pytest.raises(texts.TextError, match="--languages: language code 'EN' is not well-formed"):
-        texts.select_texts(sample_sources(), {"tatoeba": 3, "udhr": 1}, 0, 400, ["EN"])
+        selection.select_texts(sample_sources(), {"tatoeba": 3, "udhr": 1}, 0, 400, ["EN"])
     with pytest.raises(texts.TextError, match="--languages asks for lao, but no source has an eligible text"):
-        texts.select_texts(sample_sources(), {"tatoeba": 3, "udhr": 1}, 0, 400, ["eng", "lao"])
+        selection.select_texts(sample_sources(), {"tatoeba": 3, "udhr": 1}, 0, 400, ["eng", "lao"])
 
 
 def test_languages_restrict_the_selection():
-    chosen = texts.select_texts(sample_sources(), {"tatoeba": 6, "udhr": 2}, 0, 400, ["eng", "kor"]).records
+    chosen = selection.select_texts(sample_sources(), {"tatoeba": 6, "udhr": 2}, 0, 400,
+                                    ["eng", "kor"]).records
     assert {r["lang"] for r in chosen} == {"eng", "kor"}
     assert sum(r["source"] == "tatoeba" for r in chosen) == 6
 
 
 def test_empty_and_short_selections_are_errors():
     with pytest.raises(texts.TextError, match="the selection is empty"):
-        texts.select_texts(sample_sources(), {"tatoeba": 0, "udhr": 0}, 0, 400)
+        selection.select_texts(sample_sources(), {"tatoeba": 0, "udhr": 0}, 0, 400)
     with pytest.raises(texts.TextError, match=r"udhr: asked for 500 texts but only 72 are eligible .*"
                                               r"lower --udhr-count to at most 72"):
-        texts.select_texts(sample_sources(), {"tatoeba": 1, "udhr": 500}, 0, 400)
+        selection.select_texts(sample_sources(), {"tatoeba": 1, "udhr": 500}, 0, 400)
 
 
 # --- fetching -------------------------------------------------------------------------------------
@@ -311,24 +312,25 @@ def test_fetch_file_url_with_good_bad_and_no_hash(tmp_path):
     assert "%20" in url
 
     dest = tmp_path / "got" / "sentences.csv"
-    assert texts.fetch(url, dest, sha(payload), timeout=60) == sha(payload)
+    assert fetch.text_source(url, dest, sha(payload), timeout=60) == sha(payload)
     assert dest.read_bytes() == payload
-    assert texts.fetch(url, tmp_path / "unpinned.csv", "", 60) == sha(payload)  # recorded for the caller
-    assert texts.fetch(str(source), tmp_path / "by-path.csv", sha(payload).upper(), 60) == sha(payload)
+    # Unpinned: the hash is recorded for the caller.
+    assert fetch.text_source(url, tmp_path / "unpinned.csv", "", 60) == sha(payload)
+    assert fetch.text_source(str(source), tmp_path / "by-path.csv", sha(payload).upper(), 60) == sha(payload)
 
     dest.write_bytes(b"the previous file")
     wrong = "0" * 64
     with pytest.raises(files.IntegrityError) as info:
-        texts.fetch(url, dest, wrong, timeout=60)
+        fetch.text_source(url, dest, wrong, timeout=60)
     message = str(info.value)
     assert url in message and f"expected SHA-256 {wrong}" in message and f"actual {sha(payload)}" in message
     assert dest.read_bytes() == b"the previous file"  # a bad download replaces nothing
     assert not list(dest.parent.glob(".*.tmp"))
 
     with pytest.raises(texts.TextError, match="is not a SHA-256"):
-        texts.fetch(url, dest, "abc", timeout=60)
+        fetch.text_source(url, dest, "abc", timeout=60)
     with pytest.raises(texts.TextError, match="no such file"):
-        texts.fetch((tmp_path / "missing.csv").as_uri(), dest, "", 60)
+        fetch.text_source((tmp_path / "missing.csv").as_uri(), dest, "", 60)
 
 
 def test_fetch_command_writes_file_and_fragment(tmp_path):
@@ -362,17 +364,17 @@ JAMO = "\u1100\u1161\u11a8"                                            # 각 wri
 def test_cut_never_splits_a_grapheme(tail):
     for start in range(400 - len(tail) + 1, 400):  # every position where the cluster straddles 400
         text = "a" * start + tail + "z"
-        out = texts.cut(text, 400)
+        out = selection.cut(text, 400)
         assert out == "a" * start, (start, tail)
     fits = "a" * (400 - len(tail)) + tail + "z"
-    assert texts.cut(fits, 400) == "a" * (400 - len(tail)) + tail
+    assert selection.cut(fits, 400) == "a" * (400 - len(tail)) + tail
 
 
 def test_cut_strips_and_keeps_short_texts():
     inner = "\u200bkeep the zero-width spaces\u200b"
-    assert texts.cut(f"  {inner} \n", 400) == inner
-    assert texts.cut("abc def", 4) == "abc"  # the cut lands on a space, which goes too
-    assert texts.cut("abc", 3) == "abc"
+    assert selection.cut(f"  {inner} \n", 400) == inner
+    assert selection.cut("abc def", 4) == "abc"  # the cut lands on a space, which goes too
+    assert selection.cut("abc", 3) == "abc"
 
 
 def test_cut_on_the_sample_is_a_grapheme_prefix():
@@ -381,7 +383,7 @@ def test_cut_on_the_sample_is_a_grapheme_prefix():
     for text in (t.text for t in samples):
         clusters = regex.findall(r"\X", text)
         for limit in {rng.randint(1, len(text)) for _ in range(8)} | {400}:
-            out = texts.cut(text, limit)
+            out = selection.cut(text, limit)
             assert len(out) <= limit and text.startswith(out)
             mine = regex.findall(r"\X", out)
             assert mine == clusters[:len(mine)]
@@ -424,15 +426,15 @@ def test_selection_spreads_over_scripts_then_languages():
     tatoeba_langs = {t.lang for t in texts.read_tatoeba(SAMPLE_TATOEBA)}
     for seed in (0, 1, 2):
         counts = {"tatoeba": len(tatoeba_scripts), "udhr": 0}
-        few = texts.select_texts(sample_sources(), counts, seed, 400)
+        few = selection.select_texts(sample_sources(), counts, seed, 400)
         assert {r["script"] for r in few.records} == tatoeba_scripts  # one text per script first
         counts = {"tatoeba": len(tatoeba_langs), "udhr": 21}
-        one_each = texts.select_texts(sample_sources(), counts, seed, 400)
+        one_each = selection.select_texts(sample_sources(), counts, seed, 400)
         tat = [r for r in one_each.records if r["source"] == "tatoeba"]
         assert sorted(r["lang"] for r in tat) == sorted(tatoeba_langs)  # then one per language
         groups = [(r["lang"], r["script"]) for r in one_each.records if r["source"] == "udhr"]
         assert len(set(groups)) == 21  # srp in Cyrillic and srp in Latin are separate groups
-    ids = {s: [r["id"] for r in texts.select_texts(sample_sources(), {"tatoeba": 150, "udhr": 50}, s,
+    ids = {s: [r["id"] for r in selection.select_texts(sample_sources(), {"tatoeba": 150, "udhr": 50}, s,
                                                    400).records] for s in (0, 1)}
     assert len(set(ids[0])) == 200 and ids[0] != ids[1]
 
@@ -451,7 +453,7 @@ def test_command_end_to_end_on_the_sample(tmp_path, capsys):
     assert any(r["truncated"] for r in records)
     assert "\\u" not in raw  # ensure_ascii=False: the texts are readable in the file
     assert raw.splitlines() == [json.dumps(r, ensure_ascii=False, sort_keys=True) for r in records]
-    keys = [(r["source"], r["lang"], r["script"], texts.natural_key(r["id"])) for r in records]
+    keys = [(r["source"], r["lang"], r["script"], selection.natural_key(r["id"])) for r in records]
     assert keys == sorted(keys)
     assert len({r["lang"] for r in records}) >= 40 and len({r["script"] for r in records}) >= 20
 

@@ -18,7 +18,7 @@ from xml.sax.saxutils import escape, quoteattr
 import pytest
 
 from conftest import cli_runner
-from encoder_study.data import texts
+from encoder_study.data import selection, texts
 
 NS = texts.UDHR_NS
 
@@ -287,7 +287,8 @@ def test_registered_shilluk_is_selected_with_the_place_key(tmp_path, monkeypatch
     """With Shilluk in the registry, its 29th article can be chosen, under the key article-29."""
     monkeypatch.setitem(texts.LANGUAGES, "shk", ("Shilluk", "Latn"))
     (tmp_path / "udhr_shk.xml").write_bytes(shilluk_like())
-    chosen = texts.select_texts({"udhr": texts.read_udhr(tmp_path)}, {"udhr": 34}, 0, 400, ["shk"]).records
+    chosen = selection.select_texts({"udhr": texts.read_udhr(tmp_path)}, {"udhr": 34}, 0, 400,
+                                    ["shk"]).records
     ids = {r["id"] for r in chosen}
     assert len(ids) == 34
     assert {"udhr:shk:article-29:1", "udhr:shk:article-29:3", "udhr:shk:article-2:1"} <= ids

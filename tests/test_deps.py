@@ -1,5 +1,5 @@
-"""The dependency walk's cache (encoder_study.deps, `cache=`): the same files as a full parse, and a file
-whose bytes changed is parsed again, whatever its size and time stamps say."""
+"""The dependency walk's cache (encoder_study.provenance.deps, `cache=`): the same files as a full
+parse, and a file whose bytes changed is parsed again, whatever its size and time stamps say."""
 
 import json
 import os
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from encoder_study import deps
+from encoder_study.provenance import deps
 
 LIB = ROOT / "workflow" / "lib"
 
 
 def fresh_walk(root: Path, module: str, function: str | None, cache: Path) -> list[str]:
     """code_files in a new process: the cache file is all it carries over from an earlier walk."""
-    code = ("import json, sys\nfrom encoder_study import deps\n"
+    code = ("import json, sys\nfrom encoder_study.provenance import deps\n"
             "print(json.dumps(deps.code_files(*json.loads(sys.argv[1]))))")
     argv = json.dumps([str(root), module, function, str(cache)])
     result = subprocess.run([sys.executable, "-c", code, argv], env={**os.environ, "PYTHONPATH": str(LIB)},

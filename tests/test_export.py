@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from conftest import SETTINGS, TINY, runner
-from encoder_study import acquire, export, files, manifest, reference, runtime
+from encoder_study import acquire, export, manifest, reference, runtime
+from encoder_study.core import files
 
 run = runner("export")
 

@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_runner, snakemake
-from encoder_study import exports, files, provenance, tables
+from encoder_study import exports, provenance
+from encoder_study.core import files, tables
+from encoder_study.provenance.records import read_record
 
 SHA = {name: f"{i:064x}" for i, name in enumerate(["graph", "data", "tok", "student"], start=1)}
 
@@ -69,7 +71,7 @@ def test_command_writes_csv_markdown_and_a_fragment(tmp_path):
     assert list(rows[0]) == list(exports.COLUMNS) and len(rows) == 6
     assert rows[1]["onnx_bytes"] == "100" and rows[1]["manifest"] == manifests[1]
     assert "| retrieval | retrieval graph | hf | BAAI/bge-m3@5617a9f | 18 | 1,000 |" in md.read_text()
-    record = provenance.read_record(provenance.twin(frag))
+    record = read_record(provenance.twin(frag))
     assert [f["path"] for f in record["files"] if f["role"] == "input"] == manifests
     assert {f["path"]: f["sha256"] for f in record["files"]}[str(out)] == files.sha256_file(out)
 

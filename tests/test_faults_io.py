@@ -22,8 +22,11 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, cli_runner, copy_workflow, runner, snakemake, snakemake_each, train_argv
-from encoder_study import acquire, files, provenance, recorded
-from encoder_study.data import conllu, synthetic
+from encoder_study import acquire, provenance
+from encoder_study.core import download, files
+from encoder_study.data import conllu, fetch, synthetic
+from encoder_study.provenance import recorded
+from encoder_study.provenance.verify import HashCache
 
 TINY_SPEC = '{"source": "tiny", "architecture": "config/models/bert-tiny.json", "seed": 0}'
 
@@ -89,7 +92,7 @@ def test_a_body_shorter_than_its_content_length_is_refused_and_nothing_is_kept(t
     dest = tmp_path / "results" / "train.conllu"
     with serve(cut, announced=len(treebank_text)) as url:
         with pytest.raises(conllu.TreebankError) as err:
-            conllu.fetch(url, dest, "")
+            fetch.treebank(url, dest, "")
     assert f"received {len(cut):,} of the {len(treebank_text):,} bytes announced (Content-Length)" \
         in str(err.value)
     assert not dest.parent.exists() or not any(dest.parent.iterdir())  # no file, no temporary
@@ -111,13 +114,13 @@ def test_an_unpinned_download_prints_its_pin_once_and_a_pinned_one_none(tmp_path
                                                                         capsys):
     digest = files.sha256_file(_write(tmp_path / "source.conllu", treebank_text))
     with serve(treebank_text) as url:
-        assert files.download(url, tmp_path / "a.conllu") == digest
-        pins = [line for line in capsys.readouterr().err.splitlines() if line.startswith(files.PIN)]
-        assert pins == [f"{files.PIN} {url} is not pinned: its SHA-256 is {digest} ({len(treebank_text):,} "
-                        "bytes); put it in the config as the sha256 of this source, so that a later "
-                        "download is checked"]
-        assert files.download(url, tmp_path / "b.conllu", digest) == digest
-        assert files.PIN not in capsys.readouterr().err
+        assert download.download(url, tmp_path / "a.conllu") == digest
+        pins = [line for line in capsys.readouterr().err.splitlines() if line.startswith(download.PIN)]
+        assert pins == [f"{download.PIN} {url} is not pinned: its SHA-256 is {digest} "
+                        f"({len(treebank_text):,} bytes); put it in the config as the sha256 of this "
+                        "source, so that a later download is checked"]
+        assert download.download(url, tmp_path / "b.conllu", digest) == digest
+        assert download.PIN not in capsys.readouterr().err
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -146,10 +149,10 @@ class _FullDisk:
 def test_a_full_disk_during_a_download_names_the_destination(tmp_path, monkeypatch):
     source = _write(tmp_path / "source.conllu", b"1\tword\t_\tNOUN\t_\t_\t0\troot\t_\t_\n\n")
     dest = tmp_path / "results" / "train.conllu"
-    monkeypatch.setattr(files, "open", lambda path, mode="r", *a, **k: _FullDisk() if "w" in mode
+    monkeypatch.setattr(download, "open", lambda path, mode="r", *a, **k: _FullDisk() if "w" in mode
                         else open(path, mode, *a, **k), raising=False)
     with pytest.raises(files.WriteError) as err:
-        files.download(str(source), dest)
+        download.download(str(source), dest)
     assert str(err.value) == (f"cannot write {dest}: no space left on device (ENOSPC); free space on that "
                               "file system, then run again")
     assert isinstance(err.value, OSError) and err.value.errno == errno.ENOSPC
@@ -381,7 +384,7 @@ def test_a_changed_input_and_a_changed_file_beside_it_are_named_with_the_command
     _fragment("provenance/export/export_acquire-m.md", [str(source), str(weights)])
     _fragment("provenance/export/export_model-m.md", [str(onnx)])
     declared = {str(source), str(onnx), "provenance/export/export_acquire-m.md"}
-    cache = provenance.HashCache(tmp_path / "cache.json")
+    cache = HashCache(tmp_path / "cache.json")
     inputs = {str(source), str(onnx)}
     assert recorded.damaged(inputs, set(), declared, "provenance", cache) == []
     onnx.write_text("gra")  # truncated

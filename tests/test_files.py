@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from encoder_study import files
-from encoder_study.errors import UserError
+from encoder_study.core import files
+from encoder_study.core.errors import UserError
 
 
 class OwnError(UserError):

@@ -16,7 +16,8 @@ import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from conftest import TINY
-from encoder_study import files, manifest, runtime
+from encoder_study import manifest, runtime
+from encoder_study.core import files
 from encoder_study.frozen import EncoderError, FrozenEncoder
 from encoder_study.tokens import (
     Doc,

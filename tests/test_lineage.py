@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_runner
-from encoder_study import files, provenance
+from encoder_study import provenance
+from encoder_study.core import files
+from encoder_study.provenance.records import read_record
 
 command = cli_runner("provenance")
 export_command = cli_runner("export")
@@ -183,7 +185,7 @@ def test_a_fragment_names_one_file_with_every_installed_distribution(tmp_path):
     from importlib import metadata
 
     frag = _fragment(tmp_path)
-    record = provenance.read_record(provenance.twin(frag))
+    record = read_record(provenance.twin(frag))
     entry = record["environment"]
     path = Path(entry["path"])
     assert path.parent == tmp_path / "provenance" / "environments" and path.name == f"{entry['sha256']}.json"
@@ -200,7 +202,7 @@ def test_a_fragment_names_one_file_with_every_installed_distribution(tmp_path):
     again = tmp_path / "provenance" / "demo" / "other.md"
     with provenance.Fragment(again, argv=["encoder-study", "demo"]) as f:
         f.outputs.append(tmp_path / "results" / "table.csv")
-    assert provenance.read_record(provenance.twin(again))["environment"] == entry
+    assert read_record(provenance.twin(again))["environment"] == entry
     assert len(list(path.parent.iterdir())) == 1
 
 
@@ -209,12 +211,12 @@ def test_verify_env_compares_every_distribution(tmp_path, monkeypatch, capsys):
     root = str(tmp_path / "provenance")
     assert command("verify", "--root", root, "--base", ".", "--env") == 0
     capsys.readouterr()
-    entry = provenance.read_record(provenance.twin(frag))["environment"]
+    entry = read_record(provenance.twin(frag))["environment"]
     recorded = json.loads(Path(entry["path"]).read_text())
     assert "pluggy" in recorded["distributions"]  # not in the short list: only the complete one has it
     now = dict(recorded["distributions"], pluggy="0.0.1", extra_package="1.0")
     del now["iniconfig"]
-    monkeypatch.setattr(provenance, "distributions", lambda: now)
+    monkeypatch.setattr("encoder_study.provenance.verify.distributions", lambda: now)
     assert command("verify", "--root", root, "--base", ".") == 0  # hashes alone still match
     assert command("verify", "--root", root, "--base", ".", "--env") == 1
     err = capsys.readouterr().err
@@ -229,7 +231,7 @@ def test_verify_env_compares_every_distribution(tmp_path, monkeypatch, capsys):
 
 def test_verify_names_an_edited_environment_file(tmp_path, capsys):
     frag = _fragment(tmp_path)
-    path = Path(provenance.read_record(provenance.twin(frag))["environment"]["path"])
+    path = Path(read_record(provenance.twin(frag))["environment"]["path"])
     path.write_text(path.read_text().replace('"numpy"', '"numpy-other"'))
     assert command("verify", "--root", str(tmp_path / "provenance"), "--base", ".") == 1
     assert f"its environment file {path} changed" in capsys.readouterr().err
@@ -254,7 +256,7 @@ def test_paths_are_recorded_without_dot_dot(tmp_path, monkeypatch):
     with provenance.Fragment("provenance/writeback/job.md", argv=["encoder-study"]) as frag:
         frag.inputs += ["results/tagging/run/../../models/m/model.onnx", "results/link/../f.txt"]
         frag.outputs.append("results/tagging/run/../run/out.txt")
-    record = provenance.read_record("provenance/writeback/job.json")
+    record = read_record("provenance/writeback/job.json")
     # `link/..` is the link's target's parent, not results/: the real path is recorded.
     assert [(e["role"], e["path"]) for e in record["files"]] == [
         ("input", "results/models/m/model.onnx"), ("input", "elsewhere/f.txt"),
@@ -276,7 +278,7 @@ def test_a_file_the_job_checks_against_a_hash_is_an_input(tmp_path, monkeypatch)
     with pytest.raises(files.IntegrityError):
         files.check_file(weights, "0" * 64)
     assert files.CHECKED == {weights: None}  # a later job starts afresh at its fragment
-    record = provenance.read_record("provenance/r/job.json")
+    record = read_record("provenance/r/job.json")
     assert [(e["role"], e["path"], e["sha256"]) for e in record["files"]] == [
         ("input", "src/weights.bin", files.sha256_file(weights)),
         ("output", "out.bin", files.sha256_file(written))]
@@ -294,7 +296,7 @@ def test_a_verified_export_is_an_input_with_its_manifest(tmp_path, monkeypatch):
     with provenance.Fragment("provenance/writeback/job.md", argv=["encoder-study"]) as frag:
         manifest.verified_model(Path("results/tagging/run/../../models/m"))
         frag.outputs.append(export / "model.onnx")  # an output is never also an input
-    record = provenance.read_record("provenance/writeback/job.json")
+    record = read_record("provenance/writeback/job.json")
     assert [(e["role"], e["path"]) for e in record["files"]] == [
         ("input", "results/models/m/export.json"), ("output", "results/models/m/model.onnx")]
 
@@ -305,7 +307,7 @@ def test_export_model_records_the_weights_it_read(tiny_exports, models_dir, tmp_
     assert export_command("model", "--source", str(source / "source.json"), "--out-dir",
                           str(tmp_path / "m"), "--opset", "17", "--tolerance", "1e-4", "--threads", "1",
                           "--ort-optimization", "all", "--provenance", str(prov)) == 0
-    inputs = {e["path"]: e["sha256"] for e in provenance.read_record(provenance.twin(prov))["files"]
+    inputs = {e["path"]: e["sha256"] for e in read_record(provenance.twin(prov))["files"]
               if e["role"] == "input"}
     listed = json.loads((source / "source.json").read_text())["files"]
     assert {e["path"] for e in listed} >= {"model.safetensors", "config.json", "tokenizer.json"}

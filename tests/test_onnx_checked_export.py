@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from encoder_study import manifest, runtime
-from encoder_study.errors import UserError
+from encoder_study.core.errors import UserError
 from encoder_study.onnx import checked_export
 
 

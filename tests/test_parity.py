@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from conftest import TINY, runner
-from encoder_study import compare, parity, parity_tables, tables
-from encoder_study.errors import UserError
+from encoder_study import compare, parity, parity_tables
+from encoder_study.core import tables
+from encoder_study.core.errors import UserError
 
 run = runner("parity")
 

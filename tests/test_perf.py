@@ -11,7 +11,8 @@ import torch
 from torch.nn.attention import SDPBackend
 from torch.utils.flop_counter import FlopCounterMode
 
-from encoder_study import machine, manifest, perf, trainable
+from encoder_study import manifest, perf, trainable
+from encoder_study.core import machine
 from encoder_study.trainable import common
 
 

@@ -11,9 +11,11 @@ import json
 import pytest
 
 from conftest import runner
-from encoder_study import parity_tables, plots, tables, writeback
+from encoder_study import parity_tables, plots
+from encoder_study.core import tables
 from encoder_study.data import conllu
 from encoder_study.tagging import evaluate, gather, splits
+from encoder_study.writeback import speed
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -291,14 +293,14 @@ def test_speed_bars_read_the_spread_columns_and_do_without_them(tmp_path):
                                "--provenance", str(prov)) == 0
     with_spread = (tmp_path / "speed.png").read_bytes()
     assert with_spread.startswith(PNG) and "speed.csv" in prov.read_text()
-    writeback.plot_speed(tables.read_csv(table), tmp_path / "again.png")
+    speed.plot_speed(tables.read_csv(table), tmp_path / "again.png")
     assert (tmp_path / "again.png").read_bytes() == with_spread
     # Without the spread columns (or with empty cells): bars without error bars, no failure.
     bare = [{k: v for k, v in r.items() if not k.endswith(("_min", "_max"))} for r in tables.read_csv(table)]
-    writeback.plot_speed(bare, tmp_path / "bare.png")
+    speed.plot_speed(bare, tmp_path / "bare.png")
     empty = [{**r, "graph_tok_s_min": ""} for r in tables.read_csv(table)]
-    writeback.plot_speed(empty, tmp_path / "empty.png")
+    speed.plot_speed(empty, tmp_path / "empty.png")
     assert (tmp_path / "bare.png").read_bytes().startswith(PNG)
     assert (tmp_path / "bare.png").read_bytes() != with_spread
     assert (tmp_path / "empty.png").read_bytes() not in (with_spread, (tmp_path / "bare.png").read_bytes())
-    assert writeback.speed_bar(bare[0], "graph_tok_s") == plots.Bar(3201.7)
+    assert speed.speed_bar(bare[0], "graph_tok_s") == plots.Bar(3201.7)

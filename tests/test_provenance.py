@@ -7,7 +7,11 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_runner
-from encoder_study import files, provenance, tables
+from encoder_study import provenance
+from encoder_study.core import files, tables
+from encoder_study.provenance.join import join
+from encoder_study.provenance.records import read_record
+from encoder_study.provenance.verify import FAST_CACHE, HashCache, environment_differences, verify
 
 command = cli_runner("provenance")
 
@@ -32,7 +36,7 @@ def test_fragment_records_files_settings_and_table(tmp_path):
     assert text.startswith("# make_table (x)\n")
     assert "| seed | 3 |" in text and "| recipe | demo |" in text and "## Table" in text
     assert "| command | `encoder-study demo` |" in text
-    record = provenance.read_record(provenance.twin(frag))
+    record = read_record(provenance.twin(frag))
     rows = [(f["role"], f["path"], f["bytes"], f["sha256"]) for f in record["files"]]
     assert [(r[0], r[1]) for r in rows] == [("input", inp.as_posix()), ("output", data.as_posix())]
     assert rows[1][3] == files.sha256_file(data) and rows[1][2] == data.stat().st_size
@@ -47,11 +51,11 @@ def test_fragments_record_the_cores_this_process_may_use(monkeypatch):
 def test_verify_passes_then_names_a_changed_and_a_missing_file(tmp_path):
     frag, inp, data = _fragment(tmp_path)
     root = tmp_path / "provenance"
-    assert provenance.verify(root, ".") == []
+    assert verify(root, ".") == []
     assert command("verify", "--root", str(root), "--base", ".") == 0
     data.write_text("a,b\n1,3\n")
     inp.unlink()
-    problems = provenance.verify(root, ".")
+    problems = verify(root, ".")
     assert len(problems) == 2
     assert any(str(data) in p and "changed" in p for p in problems)
     assert any(str(inp) in p and "missing" in p for p in problems)
@@ -59,7 +63,7 @@ def test_verify_passes_then_names_a_changed_and_a_missing_file(tmp_path):
 
 
 def test_verify_without_fragments_fails(tmp_path):
-    assert provenance.verify(tmp_path, ".") and command("verify", "--root", str(tmp_path), "--base", ".") == 1
+    assert verify(tmp_path, ".") and command("verify", "--root", str(tmp_path), "--base", ".") == 1
 
 
 def test_failed_work_writes_no_fragment(tmp_path):
@@ -77,7 +81,7 @@ def test_join_keeps_the_given_order_and_demotes_headings(tmp_path):
     a.write_text("# first\n\n## Files\n")
     b.write_text("# second\n")
     out = tmp_path / "PROVENANCE.md"
-    provenance.join("demo", [a, b], out)
+    join("demo", [a, b], out)
     text = out.read_text()
     assert text.index("## first") < text.index("## second") and "### Files" in text
     assert text.startswith("# Provenance of the `demo` recipe")
@@ -137,7 +141,7 @@ def test_twin_states_the_same_facts_as_the_markdown(tmp_path):
 def test_extra_sections_of_a_record_appear_in_the_markdown(tmp_path):
     """A mapping the renderer does not know (the device, say) gets a section of its own."""
     frag, _, _ = _fragment(tmp_path)
-    record = provenance.read_record(provenance.twin(frag))
+    record = read_record(provenance.twin(frag))
     record["device"] = {"gpu": "none", "execution provider": "CPUExecutionProvider"}
     text = provenance.render(record)
     assert "## Device\n" in text and "| execution provider | CPUExecutionProvider |" in text
@@ -152,7 +156,7 @@ def test_verify_reads_the_twin_not_the_markdown(tmp_path):
     record = json.loads(twin.read_text())
     record["files"][1]["sha256"] = "0" * 64  # only the twin changes: the Markdown still matches the data
     twin.write_text(json.dumps(record))
-    problems = provenance.verify(root, ".")
+    problems = verify(root, ".")
     assert len(problems) == 1 and str(data) in problems[0] and "0" * 64 in problems[0]
 
 
@@ -160,12 +164,12 @@ def test_verify_names_a_missing_twin_a_missing_markdown_and_an_edited_markdown(t
     frag, _, _ = _fragment(tmp_path)
     root = tmp_path / "provenance"
     frag.write_text(frag.read_text().replace("| seed | 3 |", "| seed | 4 |"))
-    assert ["differs from the Markdown" in p for p in provenance.verify(root, ".")] == [True]
+    assert ["differs from the Markdown" in p for p in verify(root, ".")] == [True]
     provenance.twin(frag).unlink()
-    assert ["no JSON twin" in p for p in provenance.verify(root, ".")] == [True]
+    assert ["no JSON twin" in p for p in verify(root, ".")] == [True]
     frag2, _, _ = _fragment(tmp_path)  # both again, then the Markdown goes
     frag2.unlink()
-    problems = provenance.verify(root, ".")
+    problems = verify(root, ".")
     assert ["Markdown fragment make_table-x.md is missing" in p for p in problems] == [True]
 
 
@@ -173,25 +177,25 @@ def test_a_broken_twin_is_a_user_error_and_other_json_is_skipped(tmp_path):
     frag, _, _ = _fragment(tmp_path)
     root = tmp_path / "provenance"
     (root / "ro-crate-metadata.json").write_text('{"@context": "x"}')  # not a twin: skipped
-    assert provenance.verify(root, ".") == []
+    assert verify(root, ".") == []
     provenance.twin(frag).write_text("{not json")
-    problems = provenance.verify(root, ".")
+    problems = verify(root, ".")
     assert len(problems) == 1 and "cannot read" in problems[0] and "make_table-x.json" in problems[0]
 
 
 def test_environment_differences_name_each_package_and_python(tmp_path):
     frag, _, _ = _fragment(tmp_path)
-    record = provenance.read_record(provenance.twin(frag))
+    record = read_record(provenance.twin(frag))
     record["libraries"] = {"numpy": "1.0.0", "torch": "2.13.0"}
     record["machine"]["python"] = "3.11.0"
     del record["environment"]  # the short list alone (tests/test_lineage.py: the complete environment)
-    lines = provenance.environment_differences([record], installed={"numpy": "2.0.0", "torch": "2.13.0"},
+    lines = environment_differences([record], installed={"numpy": "2.0.0", "torch": "2.13.0"},
                                                python="3.12.1")
     assert lines == [
         "numpy: recorded 1.0.0 by 1 fragment(s) (e.g. demo/make_table-x), installed now 2.0.0",
         "python: recorded 3.11.0 by 1 fragment(s) (e.g. demo/make_table-x), installed now 3.12.1",
     ]
-    assert provenance.environment_differences([record], installed={"numpy": "1.0.0", "torch": "2.13.0"},
+    assert environment_differences([record], installed={"numpy": "1.0.0", "torch": "2.13.0"},
                                               python="3.11.0") == []
 
 
@@ -296,9 +300,9 @@ def test_explain_without_twins_is_a_user_error(tmp_path, capsys):
 
 # -- verify --fast: hashes kept by file state ----------------------------------------------------------
 
-def _fast(root: Path, cache_path: Path) -> tuple[list[str], provenance.HashCache]:
-    cache = provenance.HashCache(cache_path)
-    problems = provenance.verify(root, ".", cache=cache)
+def _fast(root: Path, cache_path: Path) -> tuple[list[str], HashCache]:
+    cache = HashCache(cache_path)
+    problems = verify(root, ".", cache=cache)
     cache.save()
     return problems, cache
 
@@ -306,7 +310,7 @@ def _fast(root: Path, cache_path: Path) -> tuple[list[str], provenance.HashCache
 @pytest.fixture
 def settled(monkeypatch):
     """Files written a moment ago count as settled (the cache skips files changed within RACY_NS)."""
-    monkeypatch.setattr(provenance, "RACY_NS", -10**15)
+    monkeypatch.setattr("encoder_study.provenance.verify.RACY_NS", -10**15)
 
 
 def _same_size_edit(path: Path, keep_times: bool) -> None:
@@ -365,7 +369,7 @@ def test_full_verify_never_reads_the_cache(tmp_path, settled):
                                                 stat.st_dev, recorded]
     cache_path.write_text(json.dumps(entries))
     assert _fast(root, cache_path)[0] == []  # what --fast trusts
-    problems = provenance.verify(root, ".")
+    problems = verify(root, ".")
     assert len(problems) == 1 and str(data) in problems[0] and "changed" in problems[0]
 
 
@@ -381,10 +385,10 @@ def test_fast_verify_command_keeps_its_cache_under_base(tmp_path, settled, monke
     _fragment(tmp_path)
     monkeypatch.chdir(tmp_path)
     assert command("verify", "--root", "provenance", "--base", ".", "--fast") == 0
-    assert (tmp_path / provenance.FAST_CACHE).is_file()
+    assert (tmp_path / FAST_CACHE).is_file()
     assert command("verify", "--root", "provenance", "--base", ".", "--fast") == 0
     assert "--fast: 2 file(s) not read again" in capsys.readouterr().out
-    (tmp_path / provenance.FAST_CACHE).write_text("{damaged")  # a damaged cache: every file read
+    (tmp_path / FAST_CACHE).write_text("{damaged")  # a damaged cache: every file read
     assert command("verify", "--root", "provenance", "--base", ".", "--fast") == 0
     assert "--fast: 0 file(s) not read again" in capsys.readouterr().out
 
@@ -394,14 +398,14 @@ def test_a_file_named_by_many_fragments_is_read_once(tmp_path, monkeypatch):
     read = []
     sha256_file = files.sha256_file
     monkeypatch.setattr(files, "sha256_file", lambda path: read.append(Path(path).name) or sha256_file(path))
-    assert provenance.verify(tmp_path / "provenance", ".") == []
+    assert verify(tmp_path / "provenance", ".") == []
     once = len(read)
     second = tmp_path / "provenance" / "demo" / "make_table-y.md"
     with provenance.Fragment(second, {}, threads=1, argv=["encoder-study", "demo"]) as f:
         f.inputs.append(tmp_path / "config.json")
         f.outputs.append(tmp_path / "results" / "table.csv")
     read.clear()
-    assert provenance.verify(tmp_path / "provenance", ".") == []
+    assert verify(tmp_path / "provenance", ".") == []
     assert read.count("table.csv") == 1 and read.count("config.json") == 1 and len(read) == once + 1
 
 
@@ -433,10 +437,10 @@ def test_a_reader_of_a_rewritten_fragment_is_named_stale(tmp_path):
         f.inputs.append(provenance.twin(frag))
         f.outputs.append(reader)
     root = tmp_path / "provenance"
-    assert provenance.verify(root, ".") == []
+    assert verify(root, ".") == []
     time.sleep(1.1)  # fragments record their times to the second
     _fragment(tmp_path)  # the rule ran again: same table, a new fragment (its times)
-    problems = provenance.verify(root, ".")
+    problems = verify(root, ".")
     assert len(problems) == 1 and "provenance_crate.json" in problems[0]
     assert "rewritten by a later run of its rule" in problems[0]
     assert "`all` rebuilds the run crate" in problems[0]

@@ -15,6 +15,7 @@ import yaml
 
 from conftest import ROOT, cli_runner
 from encoder_study import provenance, rehearsal
+from encoder_study.provenance.records import read_record
 from encoder_study.student import data
 
 PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text(encoding="utf-8"))
@@ -222,7 +223,7 @@ def test_a_fragment_records_the_peak_resident_memory_of_its_command(tmp_path, re
     """A fresh process (about 30 MB) holds 400 MB for a moment, then writes its fragment; a reset of the
     kernel's high-water mark in between (writeback and retrieval measure their parts so) loses nothing."""
     script = (
-        "import sys; from encoder_study import machine, provenance\n"
+        "import sys; from encoder_study import provenance; from encoder_study.core import machine\n"
         "block = bytearray(400_000_000)\n"  # zero-filled, so every page is touched
         "del block\n"
         + ("assert machine.reset_peak() and machine.peak_resident_kib() < 200_000\n" if reset else "")
@@ -230,7 +231,7 @@ def test_a_fragment_records_the_peak_resident_memory_of_its_command(tmp_path, re
     )
     fragment = tmp_path / "provenance/x/x_rule.md"
     subprocess.run([sys.executable, "-c", script, str(fragment)], check=True)
-    record = provenance.read_record(fragment.with_suffix(".json"))
+    record = read_record(fragment.with_suffix(".json"))
     assert 400 <= record["peak_rss_mb"] < 600
     assert f"| peak resident memory (MB) | {record['peak_rss_mb']} |" in fragment.read_text(encoding="utf-8")
 
@@ -241,7 +242,7 @@ def test_a_command_does_not_report_the_peak_of_the_process_that_started_it(tmp_p
     script = (
         "import subprocess, sys\n"
         "block = bytearray(600_000_000)\n"
-        "subprocess.run([sys.executable, '-c', 'from encoder_study import machine; "
+        "subprocess.run([sys.executable, '-c', 'from encoder_study.core import machine; "
         "print(machine.lifetime_peak_kib() // 1024)'], check=True)\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
@@ -270,7 +271,7 @@ def test_scaled_down_rehearsal_runs_every_rule_of_the_study_and_measures_it(smal
         assert int(rows[rule]["peak_mb"]) > 0 and rows[rule]["peak_from"], rule
     assert rows["student_distill"]["mem_mb"] == str(PAPER["resources"]["student_distill"]["mem_mb"])
     # The student read the stand-ins through the streaming reader; the retrieval graph is the twin's.
-    distill = provenance.read_record(copy / "provenance/student/student_distill.json")
+    distill = read_record(copy / "provenance/student/student_distill.json")
     read = {f["path"] for f in distill["files"] if f["role"] == "input"}
     assert "results/rehearsal/streams/HuggingFaceFW/fineweb-2/rus_Cyrl.jsonl" in read
     retrieval = json.loads((copy / "results/retrieval/source/source.json").read_text(encoding="utf-8"))

@@ -72,7 +72,8 @@ def test_html_rendering_joins_intervals_and_keeps_the_digits():
     ("| a | b |\n| --- | --- |\n| 1 |\n", "line 3 has 1 cells, the header 2"),
 ])
 def test_html_rendering_names_a_bad_table(md, message):
-    from encoder_study import errors, report_html
+    from encoder_study import report_html
+    from encoder_study.core import errors
 
     with pytest.raises(errors.UserError, match=message):
         report_html.render(md, "t", "results/t.md")

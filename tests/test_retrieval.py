@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from conftest import cli_runner
-from encoder_study import files, reference, runtime, tables
+from encoder_study import reference, runtime
+from encoder_study.core import files, tables
 from encoder_study.manifest import CONFIG_FILE, ONNX_FILE, TOKENIZER_FILE
 from encoder_study.retrieval import OUTPUTS, RetrievalError, check, flagembedding, graph
 from encoder_study.retrieval import export as retrieval

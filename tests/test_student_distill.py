@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from encoder_study import artefacts, tables
+from encoder_study.core import tables
+from encoder_study.provenance import artefacts
 from encoder_study.student import StudentError, architecture, data, distill, objective
 from encoder_study.tokens import PieceTokenizer
 

@@ -6,7 +6,7 @@ import io
 import numpy as np
 import pytest
 
-from encoder_study import tables
+from encoder_study.core import tables
 
 
 def test_numpy_float64_is_written_as_a_plain_float():

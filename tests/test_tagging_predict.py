@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import runner, train_argv
-from encoder_study import tables, writeback
+from encoder_study import writeback
+from encoder_study.core import tables
 from encoder_study.data import conllu, synthetic
 from encoder_study.tagging import pipeline, predict, runs
 from encoder_study.tagging.tagger import word_batches

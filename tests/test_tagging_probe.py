@@ -16,11 +16,12 @@ import scipy.optimize
 import torch
 import yaml
 
-from encoder_study import artefacts, files
 from encoder_study.commands import tagging as command
+from encoder_study.core import files
 from encoder_study.data import conllu, synthetic
 from encoder_study.data.conllu import UPOS
 from encoder_study.frozen import FrozenEncoder
+from encoder_study.provenance import artefacts
 from encoder_study.tagging import train as training
 from encoder_study.tagging.tagger import Tagger
 from encoder_study.tagging.train import CheckpointError, TrainingError, TrainSettings, train

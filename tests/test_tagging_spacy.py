@@ -14,10 +14,11 @@ from spacy.language import Language
 from spacy.util import load_config
 
 from conftest import ROOT, cli_runner, runner, snakemake_each
-from encoder_study import deps, files, tables
+from encoder_study.core import files, tables
 from encoder_study.data import conllu
 from encoder_study.data.synthetic import write_synthetic
-from encoder_study.tagging import baseline, gather
+from encoder_study.provenance import deps
+from encoder_study.tagging import baseline, gather, spacy_fetch
 from encoder_study.tagging import spacy as spacy_tagger
 
 MWT = """\
@@ -222,12 +223,12 @@ def test_a_wheel_is_checked_before_it_is_kept(trained, tmp_path, capsys):
     wheel = make_wheel(run_dir / "spacy", tmp_path / "source.whl")
     out = tmp_path / "out.whl"
     with pytest.raises(files.IntegrityError, match="does not match"):
-        spacy_tagger.fetch_package(str(wheel), "0" * 64, out, timeout=5)
+        spacy_fetch.fetch_package(str(wheel), "0" * 64, out, timeout=5)
     assert not out.exists()
     (tmp_path / "not.whl").write_text("not a zip")
     with pytest.raises(spacy_tagger.SpacyError, match="not a wheel"):
-        spacy_tagger.fetch_package(str(tmp_path / "not.whl"), "", out, timeout=5)
-    assert spacy_tagger.fetch_package(str(wheel), "", out, timeout=5) == (files.sha256_file(wheel), False)
+        spacy_fetch.fetch_package(str(tmp_path / "not.whl"), "", out, timeout=5)
+    assert spacy_fetch.fetch_package(str(wheel), "", out, timeout=5) == (files.sha256_file(wheel), False)
     assert f"its SHA-256 is {files.sha256_file(wheel)}" in capsys.readouterr().err  # the pin to give
     with pytest.raises(spacy_tagger.SpacyError, match="no pipeline en_test_tagger/en_test_tagger-0.2.0/"):
         spacy_tagger.unpack_package(out, "en_test_tagger", "0.2.0", tmp_path / "p")

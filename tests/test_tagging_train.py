@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import runner, train_argv
-from encoder_study import files
 from encoder_study.commands import tagging as command
+from encoder_study.core import files
 from encoder_study.data import conllu, synthetic
 from encoder_study.frozen import FrozenEncoder
 from encoder_study.tagging import evaluate, pipeline, runs

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from encoder_study import artefacts, files
+from encoder_study.core import files
+from encoder_study.provenance import artefacts
 from encoder_study.trainable import harness
 from encoder_study.trainable.harness import TrainingError
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, snakemake, snakemake_each
-from encoder_study import deps
+from encoder_study.provenance import deps
 
 BAD_CONFIGS = {
     "models:\n  - {name: x, source: tiny, architecture: a.json, seed: zero}\n": "'zero' is not of type",
@@ -216,10 +216,11 @@ def test_all_distils_the_student_and_writes_its_fine_tuned_graph_back(small_work
 
 
 def test_fragments_name_the_weights_read_without_dot_dot_and_one_environment(small_workflow):
-    from encoder_study import files, provenance
+    from encoder_study.core import files
+    from encoder_study.provenance.records import record_name, records_under
 
-    found = provenance.records_under(small_workflow / "provenance")
-    records = {provenance.record_name(r): r for _, r in found}
+    found = records_under(small_workflow / "provenance")
+    records = {record_name(r): r for _, r in found}
     paths = [e["path"] for r in records.values() for e in r["files"]]
     assert paths and not [p for p in paths if ".." in Path(p).parts]
     weights = "results/sources/mmbert-base/model/model.safetensors"

@@ -21,6 +21,7 @@ from encoder_study.tagging.graph import GraphTagger
 from encoder_study.tagging.tagger import Tagger
 from encoder_study.tokens import Doc
 from encoder_study.trainable.words import TrainableEncoder
+from encoder_study.writeback import speed
 
 TEXTS = ["The bank of the river floods .", "Příliš žluťoučký kůň úpěl ďábelské ódy .",
          "Съешь же ещё этих мягких французских булок , да выпей чаю .", "a", "日本語のテキスト 한국어 문장 ."]
@@ -232,12 +233,12 @@ def test_a_pieces_budget_pools_as_the_modules_do(models, tmp_path):
     ours = np.concatenate(graph.logits(documents))
     assert np.abs(ours - reference).max() < 1e-5
     # The speed table's passes: documents of several windows, so one call per planned batch ...
-    planned = writeback.speed_batches(graph, documents, 40)
+    planned = speed.speed_batches(graph, documents, 40)
     assert planned["calls"] == planned["batches"] and len(planned["batches"]) > 2
     assert sum(planned["lengths"]) <= sum(planned["padded"])
     # ... and one call for one-window documents: the modules then plan the same batches themselves.
     short = [d for d, n in zip(documents, windows, strict=True) if n == 1]
-    planned = writeback.speed_batches(graph, short, 40)
+    planned = speed.speed_batches(graph, short, 40)
     assert planned["calls"] == [short] and len(planned["batches"]) > 1
 
 

@@ -15,14 +15,17 @@ import pytest
 import torch
 
 from conftest import runner
-from encoder_study import artefacts, files, writeback
+from encoder_study import writeback
+from encoder_study.core import files
 from encoder_study.data import conllu, synthetic
 from encoder_study.frozen import FrozenEncoder
 from encoder_study.onnx import names, patch
+from encoder_study.provenance import artefacts
 from encoder_study.tagging import pipeline
 from encoder_study.tagging.graph import GraphTagger
 from encoder_study.tagging.tagger import Tagger
 from encoder_study.trainable.words import TrainableEncoder
+from encoder_study.writeback import checks
 
 GRAPH = "pipeline.encoder0.onnx"
 
@@ -318,7 +321,7 @@ def test_a_failed_pipeline_write_leaves_no_graph_and_keeps_an_existing_pair(tiny
 # -- the recipe's commands -----------------------------------------------------------------------------
 
 def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, tmp_path):
-    from encoder_study import tables
+    from encoder_study.core import tables
 
     bank = synthetic.write_synthetic(tmp_path / "bank", seed=0, sizes={"train": 2, "dev": 2, "test": 16})
     texts = tmp_path / "texts.jsonl"
@@ -348,7 +351,7 @@ def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, t
     parity, rows = command("parity", "--texts", str(texts), "--threads", "1")
     assert [(r["run"], r["comparison"]) for r in rows] == [
         (name, comparison) for name in ("bert-tiny", "modernbert-tiny")
-        for comparison in writeback.COMPARISONS]
+        for comparison in checks.COMPARISONS]
     for r in rows:
         assert int(r["tokens"]) > 50
         if r["comparison"] == "export graph vs modules":  # the export's own graph: the moved weights show
@@ -356,7 +359,7 @@ def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, t
         else:  # the written graph's states, and the written pipeline's logits (every word of the texts)
             assert float(r["max_abs"]) < 1e-5 and float(r["min_cos"]) > 0.99999
     words = sum(len(t.split()) for t in sample)
-    assert [r["tokens"] for r in rows if r["comparison"] == writeback.COMPARISONS[2]] == [str(words)] * 2
+    assert [r["tokens"] for r in rows if r["comparison"] == checks.COMPARISONS[2]] == [str(words)] * 2
 
     agreement, rows = command("agreement", "--test", str(bank["test"]), "--pred-dir",
                               str(tmp_path / "writeback"), "--resamples", "200", "--seed", "0",

@@ -11,14 +11,14 @@ from snakemake.exceptions import WorkflowError
 # The dependency walker and these constants use the standard library only: they import in any environment.
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "lib"))
 from encoder_study.data import SPLITS as TREEBANK_SPLITS
-from encoder_study.deps import code_files, code_stamp
-from encoder_study.files import local_path
-from encoder_study.machine import cores as machine_cores
+from encoder_study.provenance.deps import code_files, code_stamp
+from encoder_study.core.files import local_path
+from encoder_study.core.machine import cores as machine_cores
 
 LIB_ROOT = Path("workflow/lib")
-# The dependency walk's parsed files, by content (encoder_study.deps): it saves every command ~0.5 s.
+# The dependency walk's parsed files, by content (encoder_study.provenance.deps): it saves every command ~0.5 s.
 DEPS_CACHE = Path(".snakemake/encoder-study/deps.json")
-# One code stamp per package file (encoder_study.deps.code_stamp): rewritten only when its code changes.
+# One code stamp per package file (encoder_study.provenance.deps.code_stamp): rewritten only when its code changes.
 CODE_STAMPS = Path(".snakemake/encoder-study/code")
 
 # Jobs find `encoder-study` beside the Python that runs Snakemake, so `.venv/bin/snakemake` works
@@ -408,9 +408,11 @@ def model_option(model):
 
 def check_recorded_inputs():
     """Refuse the run, before Snakemake deletes any output, when a file its jobs will read is not the
-    one its rule wrote (encoder_study.recorded); the message names each file and the command that
+    one its rule wrote (encoder_study.provenance.recorded); the message names each file and the command that
     rebuilds it."""
-    from encoder_study import provenance, recorded
+    from encoder_study import provenance
+    from encoder_study.provenance.verify import FAST_CACHE, HashCache
+    from encoder_study.provenance import recorded
 
     if workflow.touch:  # --touch runs nothing and deletes nothing
         return
@@ -419,7 +421,7 @@ def check_recorded_inputs():
     produced = {os.path.normpath(f) for job in jobs for f in job.output}
     declared = {os.path.normpath(f) for job in dag.jobs for f in job.output}
     inputs = {os.path.normpath(f) for job in jobs for f in job.input}
-    cache = provenance.HashCache(provenance.FAST_CACHE)
+    cache = HashCache(FAST_CACHE)
     problems = recorded.damaged(inputs, produced, declared, "provenance", cache)
     cache.save()
     if problems:

@@ -25,7 +25,7 @@ rule parity_fetch:
     shell:
         "encoder-study parity fetch --url {params.url:q} --sha256={params.sha256:q}"
         " --timeout {params.timeout} --out {output.source:q} --provenance {output.prov:q} > {log:q} 2>&1"
-        # An unpinned download's pin to add (encoder_study.files.PIN): shown once, when it is made.
+        # An unpinned download's pin to add (encoder_study.core.download.PIN): shown once, when it is made.
         "; grep '^pin: ' {log:q} | sed 's/^pin:/pin {params.pin_key}:/' >&2 || true"
 
 

@@ -1,7 +1,7 @@
 # Each recipe's fragments joined into provenance/<recipe>/PROVENANCE.md, the run crate and its digest,
 # and `verify`, which re-hashes every file the fragments and the crate name. Rule file
 # workflow/rules/provenance.smk; command `encoder-study provenance join|verify|crate`
-# (encoder_study.commands.provenance); libraries encoder_study.provenance and encoder_study.crate.
+# (encoder_study.commands.provenance); libraries encoder_study.provenance and encoder_study.provenance.crate.
 import time
 
 
@@ -38,7 +38,7 @@ rule verify:
 # The run's Workflow Run RO-Crate (Provenance Run Crate profile), built from those fragments' JSON
 # twins, and the run's digest: the crate's SHA-256, which a paper cites and `encoder-study provenance
 # verify --digest` checks. The crate sits at the top of the working directory, beside results/ and
-# provenance/: RO-Crate wants the Snakefile inside the crate and no `../` in ids (encoder_study.crate
+# provenance/: RO-Crate wants the Snakefile inside the crate and no `../` in ids (encoder_study.provenance.crate
 # says more). Its own fragment is not in it (that fragment hashes the crate).
 rule provenance_crate:
     input:
@@ -53,10 +53,11 @@ rule provenance_crate:
         code=lib_code("provenance", "crate"),
     output:
         crate="ro-crate-metadata.json",
-        digest="ro-crate-metadata.sha256",  # encoder_study.crate.DIGEST_NAME
+        digest="ro-crate-metadata.sha256",  # encoder_study.provenance.crate.DIGEST_NAME
         prov=prov("provenance", "provenance_crate"),
     params:
-        base=".",  # the recorded paths are relative to the working directory: the crate's root
+        # The recorded paths are relative to the working directory: the crate's root, where it lies.
+        base=lambda wildcards, output: os.path.dirname(output.crate) or ".",
         agent=config["provenance"]["agent"],
     log:
         "logs/provenance/provenance_crate.log",

@@ -71,7 +71,7 @@ if FETCHED:
             "encoder-study tagging fetch --split {wildcards.split} --url {params.url:q}"
             " --sha256={params.sha256:q} --timeout {params.timeout} --out {output.treebank:q}"
             " --provenance {output.prov:q} > {log:q} 2>&1"
-            # An unpinned download's pin to add (encoder_study.files.PIN): shown once, when it is made.
+            # An unpinned download's pin to add (encoder_study.core.download.PIN): shown once, when it is made.
             "; grep '^pin: ' {log:q} | sed 's/^pin:/pin {params.pin_key}:/' >&2 || true"
 
 if config["treebank"]["source"] != "synthetic":

@@ -21,8 +21,9 @@ import urllib.parse
 import zipfile
 from pathlib import Path
 
-from . import files, tiny
-from .errors import UserError
+from . import tiny
+from .core import files
+from .core.errors import UserError
 
 SOURCE_JSON = "source.json"
 HF_PATTERNS = ["config.json", "tokenizer.json", "*.safetensors"]

@@ -50,7 +50,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import machine, manifest, perf, reference, tables, trainable
+from . import manifest, perf, reference, trainable
+from .core import machine, tables
 from .frozen import FrozenEncoder
 from .onnx import fusion
 from .runtime import OUTPUT, ort_session

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from .errors import UserError
+from .core.errors import UserError
 
 # Options that name what a command writes: a write error without a file name names these.
 OUTPUT_OPTIONS = ("out", "out_dir", "markdown", "plot", "diffs", "provenance")
@@ -77,7 +77,7 @@ def _terminated(signum, frame) -> None:
 
 def _write_fault(err: OSError, path: str | None):
     """`err` as a WriteError (see files.write_fault); any other OSError is a bug: raised again."""
-    from .files import write_fault
+    from .core.files import write_fault
 
     fault = write_fault(err, path, writing=False)
     if fault is None:

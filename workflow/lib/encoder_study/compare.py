@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import machine, manifest, reference
-from .errors import UserError
+from . import manifest, reference
+from .core import machine
+from .core.errors import UserError
 from .runtime import OUTPUT, ort_session, pad_batch, usable_positions
 from .tokens import TextPieces
 

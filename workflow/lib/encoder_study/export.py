@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import files, machine, manifest, provenance, tables
-from .errors import UserError
+from . import manifest, provenance
+from .core import files, machine, tables
+from .core.errors import UserError
 from .onnx import checked_export, fusion
 from .reference import HiddenStates, load_pytorch, source_dir
 from .runtime import usable_positions

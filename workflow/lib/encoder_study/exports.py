@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import files
-from .errors import UserError
+from .core import files
+from .core.errors import UserError
+from .core.tables import csv_text, markdown
 from .manifest import ONNX_FILE
-from .tables import csv_text, markdown
 
 COLUMNS = ("export", "model", "role", "source_kind", "source", "opset", "onnx_bytes", "onnx_sha256",
            "external_data_bytes", "external_data_sha256", "manifest")

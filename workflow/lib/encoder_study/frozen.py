@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import machine, manifest, runtime
-from .errors import UserError
+from . import manifest, runtime
+from .core import machine
+from .core.errors import UserError
 from .runtime import INPUTS, OPTIMIZATIONS, OUTPUT, usable_positions
 from .tokens import Doc, PieceTokenizer, check_pooling
 

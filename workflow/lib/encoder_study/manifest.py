@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import files
-from .errors import UserError
+from .core import files
+from .core.errors import UserError
 
 MANIFEST = "export.json"
 ONNX_FILE = "model.onnx"

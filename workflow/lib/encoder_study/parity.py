@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import compare, files, machine, manifest, perf
+from . import compare, manifest, perf
+from .core import files, machine
 from .parity_tables import TABLES, Report, markdown, write_rows
 from .runtime import OUTPUT, ort_session, pad_batch
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import files, plots, tables
+from . import plots
+from .core import files, tables
 
 INFERENCE_COLUMNS = ["model", "tokens", "texts", "truncated", "max_abs", "mean_abs", "min_cos", "mean_cos",
                      "max_value", "batch_max_abs"]

@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from . import machine
+from .core import machine
 
 BLOCK_SECONDS = 0.25  # turns of ONNX Runtime against PyTorch (see measure)
 # A path whose calls take this long starts its block without an untimed call: it would double the cell's

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from . import files
+from .core import files
 
 DPI = 100
 # On top of matplotlib's defaults. Empty for now: the defaults of the pinned version are the style, and

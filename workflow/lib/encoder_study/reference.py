@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from . import files
+from .core import files
 
 
 class HiddenStates(torch.nn.Module):

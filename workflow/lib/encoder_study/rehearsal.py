@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import files, provenance, tables
-from .errors import UserError
+from .core import files, tables
+from .core.errors import UserError
+from .provenance.records import records_under
 
 
 class RehearsalError(UserError):
@@ -148,7 +149,7 @@ def benchmark_peaks(root: str | os.PathLike) -> dict[str, list[tuple[float | Non
 def fragment_peaks(root: str | os.PathLike) -> dict[str, list[tuple[float | None, float | None]]]:
     """rule -> (peak MB, seconds) of each fragment's twin under `root` (provenance/)."""
     found: dict[str, list] = {}
-    for _, record in provenance.records_under(root):
+    for _, record in records_under(root):
         found.setdefault(record["rule"], []).append((record.get("peak_rss_mb"), record.get("seconds")))
     return found
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import re
 
-from .errors import UserError
+from .core.errors import UserError
 
 CI_TITLE = re.compile(r"^\d+% CI$")
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
 from . import report_facts
-from .errors import UserError
+from .core.errors import UserError
 from .report_html import join_intervals, parse_markdown_table
 from .tagging.evaluate import split_order
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import provenance
-from .errors import UserError
+from .core.errors import UserError
 
 INPUTS = ("input_ids", "attention_mask")  # int64 [batch, sequence]
 OUTPUT = "last_hidden_state"  # float32 [batch, sequence, width]

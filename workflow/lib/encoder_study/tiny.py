@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from . import files
-from .errors import UserError
+from .core import files
+from .core.errors import UserError
 
 # Characters the tiny tokenizers know, by script; everything else becomes the unknown token.
 _RANGES = [

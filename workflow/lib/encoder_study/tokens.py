@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .core.errors import UserError
 from .data.doc import Doc
-from .errors import UserError
 
 POOLINGS = ("mean", "first")
 # Two different probes: the specials must not depend on the text, or windows could not share them.

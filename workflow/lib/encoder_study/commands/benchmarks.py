@@ -16,8 +16,9 @@ from .. import provenance
 
 
 def encoders(args) -> int:
-    from .. import benchmarks, files, machine, manifest
-    from ..tables import csv_text
+    from .. import benchmarks, manifest
+    from ..core import files, machine
+    from ..core.tables import csv_text
 
     threads = machine.torch_threads(args.threads)
     out, markdown_path = Path(args.out), Path(args.out).with_suffix(".md")

@@ -79,7 +79,8 @@ def acquire(args) -> int:
 def model(args) -> int:
     from pathlib import Path
 
-    from .. import export, machine, manifest
+    from .. import export, manifest
+    from ..core import machine
 
     settings = export.Settings(opset=args.opset, tolerance=args.tolerance, threads=args.threads,
                                ort_optimization=args.ort_optimization)

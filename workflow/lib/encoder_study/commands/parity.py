@@ -114,15 +114,16 @@ def _record(frag: provenance.Fragment, report) -> None:
 
 
 def fetch(args) -> int:
-    from ..data import texts
+    from ..data import fetch as fetching
+    from ..data import selection
 
     with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
-        path = texts.local_path(args.url)
+        path = selection.local_path(args.url)
         if path is not None:
             frag.inputs.append(path)
-        digest = texts.fetch(args.url, args.out, args.sha256, args.timeout)
+        digest = fetching.text_source(args.url, args.out, args.sha256, args.timeout)
         frag.outputs.append(args.out)
-        if texts.pinned(args.sha256, "--sha256"):
+        if selection.pinned(args.sha256, "--sha256"):
             frag.note(f"{args.url}: SHA-256 {digest} (pinned and checked)")
         else:
             frag.note(f"{args.url}: SHA-256 {digest} (recorded, not pinned: put it in the config to make "
@@ -132,22 +133,22 @@ def fetch(args) -> int:
 
 
 def select(args) -> int:
-    from ..data import texts
+    from ..data import selection
 
     languages = [c.strip() for c in args.languages.split(",") if c.strip()] or None
-    chosen = texts.choose({"tatoeba": args.tatoeba, "udhr": args.udhr},
-                          {"tatoeba": args.tatoeba_sha256, "udhr": args.udhr_sha256},
-                          {"tatoeba": args.tatoeba_count, "udhr": args.udhr_count},
-                          args.seed, args.max_chars, languages)
+    chosen = selection.choose({"tatoeba": args.tatoeba, "udhr": args.udhr},
+                              {"tatoeba": args.tatoeba_sha256, "udhr": args.udhr_sha256},
+                              {"tatoeba": args.tatoeba_count, "udhr": args.udhr_count},
+                              args.seed, args.max_chars, languages)
     records = chosen.selection.records
     with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
         frag.inputs += chosen.inputs
-        texts.write_jsonl(args.out, records)
+        selection.write_jsonl(args.out, records)
         frag.outputs.append(args.out)
-        frag.table("Texts per language and script", texts.counts_table(records))
-        frag.table("Texts per script", texts.scripts_table(records))
+        frag.table("Texts per language and script", selection.counts_table(records))
+        frag.table("Texts per script", selection.scripts_table(records))
         # Odd source files are read or skipped, never fatal; this table says which and why.
-        frag.table("Source anomalies", texts.anomalies_table(chosen.anomalies))
+        frag.table("Source anomalies", selection.anomalies_table(chosen.anomalies))
         for note in chosen.notes:
             frag.note(note)
     print(f"encoder-study parity select: wrote {len(records)} texts to {args.out}; "
@@ -156,7 +157,8 @@ def select(args) -> int:
 
 
 def compare(args) -> int:
-    from .. import machine, parity
+    from .. import parity
+    from ..core import machine
 
     threads = machine.usable_threads(args.threads)
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
@@ -166,8 +168,9 @@ def compare(args) -> int:
 
 
 def latency(args) -> int:
-    from .. import machine, parity
-    from ..errors import UserError
+    from .. import parity
+    from ..core import machine
+    from ..core.errors import UserError
 
     if len(args.out) != len(args.model):
         raise UserError(f"parity latency: {len(args.model)} --model but {len(args.out)} --out; give one "

@@ -1,7 +1,7 @@
 """`encoder-study provenance join|verify|explain|crate|sign`: a recipe's PROVENANCE.md, re-hashing every
 file the fragments' JSON twins and the run crate name, the chain of jobs behind a file or one row of a
 table, the run's Workflow Run RO-Crate and its digest, and an SSH signature of the crate (library:
-encoder_study.crate).
+encoder_study.provenance.crate).
 
     encoder-study provenance join --recipe student --out provenance/student/PROVENANCE.md FRAGMENT...
     encoder-study provenance verify --root provenance --base . [--digest HEX] [--env] [--fast] \\
@@ -20,23 +20,28 @@ import sys
 from pathlib import Path
 
 from .. import provenance
+from ..provenance.verify import FAST_CACHE  # named in --fast's help
 
 
 def join(args) -> int:
-    provenance.join(args.recipe, args.fragments, args.out)
+    from ..provenance.join import join as join_fragments
+
+    join_fragments(args.recipe, args.fragments, args.out)
     return 0
 
 
 def verify(args) -> int:
     """Status 1 and one line per difference on stderr when a file changed or is missing."""
-    from .. import crate as run_crate
+    from ..provenance import crate as run_crate
+    from ..provenance import verify as checks
+    from ..provenance.records import fragments_under
 
-    cache = provenance.HashCache(Path(args.base) / provenance.FAST_CACHE) if args.fast else None
+    cache = checks.HashCache(Path(args.base) / checks.FAST_CACHE) if args.fast else None
     hasher = run_crate.OnceHasher(cache)  # the crate lists the fragments' files again: read them once
-    problems = provenance.verify(args.root, args.base, env=args.env, cache=hasher)
+    problems = checks.verify(args.root, args.base, env=args.env, cache=hasher)
     crate_path = Path(args.crate) if args.crate else Path(args.base) / run_crate.CRATE_NAME
     crate_note = crate_problems(args, crate_path, hasher, problems)
-    from .. import lineage  # the tables' rows: inside their intervals, as their predictions give
+    from ..provenance import lineage  # the tables' rows: inside their intervals, as their predictions give
 
     try:
         problems += lineage.table_problems(args.root, args.base)
@@ -49,7 +54,7 @@ def verify(args) -> int:
         for line in problems:
             print(f"  {line}", file=sys.stderr)
         return 1
-    print(f"verify: every file named by {len(provenance.fragments_under(args.root))} fragment(s) under "
+    print(f"verify: every file named by {len(fragments_under(args.root))} fragment(s) under "
           f"{args.root} matches its SHA-256"
           + ("; the recorded library and Python versions are the installed ones" if args.env else "")
           + (f"; --fast: {cache.hits} file(s) not read again (size, times and inode as when hashed), "
@@ -60,7 +65,7 @@ def verify(args) -> int:
 def crate_problems(args, crate_path: Path, hasher, problems: list[str]) -> str:
     """Check the run crate (against `--digest` first, when given), adding its differences to
     `problems`; what the check covered, for the closing line."""
-    from .. import crate as run_crate
+    from ..provenance import crate as run_crate
 
     if args.digest:
         problems += run_crate.check_digest(crate_path, args.digest)
@@ -86,7 +91,7 @@ def crate_problems(args, crate_path: Path, hasher, problems: list[str]) -> str:
 
 
 def sign(args) -> int:
-    from .. import crate as run_crate
+    from ..provenance import crate as run_crate
 
     target = args.out or f"{args.crate}.sig"
     run_crate.sign(args.crate, args.key, target)
@@ -99,7 +104,7 @@ def sign(args) -> int:
 
 def explain(args) -> int:
     """The chain on stdout; status 1, and each changed file and failed row check on stderr, if any."""
-    from .. import lineage
+    from ..provenance import lineage
 
     row = args.row.split(",") if args.row is not None else None
     explained = lineage.explain(args.root, args.file, row, args.base)
@@ -113,8 +118,8 @@ def explain(args) -> int:
 
 
 def crate(args) -> int:
-    from .. import crate as run_crate
-    from .. import files
+    from ..core import files
+    from ..provenance import crate as run_crate
 
     sources = run_crate.Sources(
         workflow=Path(args.workflow), citation=Path(args.citation), license=Path(args.license),
@@ -167,7 +172,7 @@ def parser() -> argparse.ArgumentParser:
                                       "--allowed-signers lists for its key)")
     p.add_argument("--fast", action="store_true",
                    help=f"do not read again a file whose size, mtime, ctime and inode are as when it was "
-                        f"hashed (kept in <base>/{provenance.FAST_CACHE}); without it every file is read")
+                        f"hashed (kept in <base>/{FAST_CACHE}); without it every file is read")
     p = sub.add_parser("explain", help="the jobs, commands, code and inputs (with SHA-256) behind a file")
     p.set_defaults(run=explain)
     p.add_argument("file", help="a file the workflow wrote, e.g. results/tagging/scores.csv")

@@ -16,11 +16,12 @@ from pathlib import Path
 
 
 def table(args) -> int:
-    from .. import files, report_html
+    from .. import report_html
+    from ..core import files
 
     path = Path(args.markdown)
     if not path.is_file():
-        from ..errors import UserError
+        from ..core.errors import UserError
 
         raise UserError(f"{path}: no such Markdown table; run the rule that writes it first")
     files.write_text(args.out, report_html.render(path.read_text(encoding="utf-8"), args.title, str(path)))
@@ -30,12 +31,14 @@ def table(args) -> int:
 def _records(fragments: list[str]) -> list[dict]:
     """The JSON twins of the fragments named (their Markdown or the twins themselves)."""
     from .. import provenance
+    from ..provenance.records import read_record
 
-    return [provenance.read_record(provenance.twin(f) if f.endswith(".md") else f) for f in fragments]
+    return [read_record(provenance.twin(f) if f.endswith(".md") else f) for f in fragments]
 
 
 def settings(args) -> int:
-    from .. import files, report_facts
+    from .. import report_facts
+    from ..core import files
 
     records = _records(args.fragments)
     found = report_facts.facts(records)
@@ -45,8 +48,9 @@ def settings(args) -> int:
 
 
 def landing(args) -> int:
-    from .. import files, report_landing
-    from ..errors import UserError
+    from .. import report_landing
+    from ..core import files
+    from ..core.errors import UserError
 
     tables = {}
     for entry in args.table:

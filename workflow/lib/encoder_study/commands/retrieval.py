@@ -22,7 +22,8 @@ from .. import provenance
 
 
 def heads(args) -> int:
-    from .. import files, reference
+    from .. import reference
+    from ..core import files
     from ..retrieval import RetrievalError
     from ..retrieval.heads import COLBERT_FILE, SPARSE_FILE, random_heads, save_heads
 
@@ -40,7 +41,7 @@ def heads(args) -> int:
 
 
 def export(args) -> int:
-    from .. import files, tables
+    from ..core import files, tables
     from ..retrieval import check, flagembedding
     from ..retrieval import export as graph
     from ..retrieval.heads import HEAD_FILES
@@ -93,7 +94,7 @@ def _notes(frag, record: dict, settings) -> None:
 
 def verify(args) -> int:
     """Status 1 and one line per difference on stderr; the fragment only when every file matches."""
-    from .. import files, tables
+    from ..core import files, tables
     from ..retrieval.verify import MANIFEST_WHAT
     from ..retrieval.verify import verify as check_files
 

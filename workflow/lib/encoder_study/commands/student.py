@@ -66,7 +66,7 @@ def _stream_notes(frag, pinned) -> None:
 
 
 def distill(args) -> int:
-    from .. import machine, tables
+    from ..core import machine, tables
     from ..student import data
     from ..student import distill as library
 
@@ -106,7 +106,7 @@ def distill(args) -> int:
 
 
 def export(args) -> int:
-    from .. import files, machine
+    from ..core import files, machine
     from ..student import distill
     from ..student import export as student_export
 
@@ -129,7 +129,7 @@ def export(args) -> int:
 
 
 def parity(args) -> int:
-    from .. import files, machine, tables
+    from ..core import files, machine, tables
     from ..data import texts
     from ..student import distill, reference
     from ..student import parity as student_parity

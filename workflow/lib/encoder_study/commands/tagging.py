@@ -45,9 +45,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import files, provenance
+from .. import provenance
+from ..core import files
+from ..core.errors import UserError
 from ..data import SPLITS
-from ..errors import UserError
 
 
 def _settings(args, *skip: str) -> dict:
@@ -308,9 +309,9 @@ def _add_predict(sub) -> None:
 
 
 def treebank(args) -> int:
+    from ..core.tables import markdown_table
     from ..data.conllu import most_frequent_tag_accuracy, read_conllu, splits_table, upos_table
     from ..data.synthetic import TEMPLATES, write_synthetic
-    from ..tables import markdown_table
 
     sizes = {"train": args.train, "dev": args.dev, "test": args.test}
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
@@ -352,12 +353,13 @@ def ood(args) -> int:
 
 def fetch(args) -> int:
     from ..data import conllu
+    from ..data import fetch as fetching
 
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
         path = conllu.local_path(args.url)
         if path is not None:
             frag.inputs.append(path)
-        fetched = conllu.fetch(args.url, args.out, args.sha256, timeout=args.timeout)
+        fetched = fetching.treebank(args.url, args.out, args.sha256, timeout=args.timeout)
         frag.outputs.append(args.out)
         by_split = {args.split: fetched.sentences}
         frag.table("Split", conllu.splits_table(by_split))
@@ -378,8 +380,9 @@ def _note_download(frag, url: str, sha256: str, pinned: bool) -> None:
 
 
 def train(args) -> int:
-    from .. import machine, manifest
-    from ..tables import markdown_table
+    from .. import manifest
+    from ..core import machine
+    from ..core.tables import markdown_table
     from ..tagging import evaluate, runs
     from ..tagging.train import TrainSettings
     from ..trainable.harness import resolve_device
@@ -457,13 +460,13 @@ def baseline(args) -> int:
 
 
 def spacy_fetch(args) -> int:
-    from ..tagging import spacy as spacy_tagger
+    from ..tagging import spacy_fetch as fetching
 
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
         path = files.local_path(args.url)
         if path is not None:
             frag.inputs.append(path)
-        sha256, pinned = spacy_tagger.fetch_package(args.url, args.sha256, args.out, args.timeout)
+        sha256, pinned = fetching.fetch_package(args.url, args.sha256, args.out, args.timeout)
         frag.outputs.append(args.out)
         _note_download(frag, args.url, sha256, pinned)
     print(f"encoder-study tagging spacy-fetch: {args.url} -> {args.out} (SHA-256 {sha256})")
@@ -509,7 +512,7 @@ def spacy(args) -> int:
 
 def _spacy_notes(frag, args, done) -> None:
     """The spaCy run's fragment: its training history or its package, and how the words were tagged."""
-    from ..tables import markdown_table
+    from ..core.tables import markdown_table
     from ..tagging import spacy as spacy_tagger
 
     trained = done.trained
@@ -552,7 +555,7 @@ def tables(args) -> int:
 
 
 def per_tag(args) -> int:
-    from .. import tables
+    from ..core import tables
     from ..tagging import evaluate, gather
 
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
@@ -567,8 +570,9 @@ def per_tag(args) -> int:
 
 
 def step_time(args) -> int:
-    from .. import files, machine, manifest, perf
-    from ..tables import csv_text
+    from .. import manifest, perf
+    from ..core import files, machine
+    from ..core.tables import csv_text
     from ..tagging import steptime
     from ..trainable.harness import resolve_device
 

@@ -29,24 +29,24 @@ def _positive(text: str) -> int:
 
 
 def _fragment(args):
-    from ..machine import usable_threads
+    from ..core.machine import usable_threads
 
     threads = usable_threads(args.threads)
     return provenance.Fragment(args.provenance, provenance.settings(args), threads=threads)
 
 
 def pipeline(args) -> int:
-    from .. import writeback
-    from ..machine import usable_threads
+    from ..core.machine import usable_threads
+    from ..writeback import build
 
     with _fragment(args) as frag:
-        frag.inputs += writeback.pipeline_inputs(args.inline)
-        done = writeback.write_pipeline(args.inline, args.out, usable_threads(args.threads))
+        frag.inputs += build.pipeline_inputs(args.inline)
+        done = build.write_pipeline(args.inline, args.out, usable_threads(args.threads))
         saved = done["saved"]
         frag.outputs += [saved.path, saved.graph]
-        frag.table("Patch", writeback.patch_markdown(saved.report))
-        frag.table("Memory (resident set: peak VmHWM, current VmRSS)", writeback.memory_markdown(done))
-        *notes, summary = writeback.memory_notes(done)
+        frag.table("Patch", build.patch_markdown(saved.report))
+        frag.table("Memory (resident set: peak VmHWM, current VmRSS)", build.memory_markdown(done))
+        *notes, summary = build.memory_notes(done)
         for note in notes:
             frag.note(note)
     print(summary)
@@ -54,9 +54,9 @@ def pipeline(args) -> int:
 
 
 def parity(args) -> int:
-    from .. import writeback
     from ..compare import read_texts
-    from ..machine import usable_threads
+    from ..core.machine import usable_threads
+    from ..writeback import checks
 
     threads = usable_threads(args.threads)
     with _fragment(args) as frag:
@@ -64,10 +64,10 @@ def parity(args) -> int:
         texts = [r["text"] for r in read_texts(args.texts)]
         rows = []
         for run, inline, written in sorted(args.runs):
-            frag.inputs += writeback.run_inputs(inline, written)
-            rows += writeback.parity_rows(run, inline, written, texts, threads)
-        markdown = writeback.parity_markdown(rows)
-        frag.outputs += writeback.write_table(args.out, rows, writeback.PARITY_COLUMNS, markdown)
+            frag.inputs += checks.run_inputs(inline, written)
+            rows += checks.parity_rows(run, inline, written, texts, threads)
+        markdown = checks.parity_markdown(rows)
+        frag.outputs += checks.write_table(args.out, rows, checks.PARITY_COLUMNS, markdown)
         frag.table("Write-back parity", markdown)
         frag.note(f"{len(texts)} texts, one per run, every token; hidden states of ONNX Runtime "
                   "(optimisation as the pipeline runs it) against the trainable modules, "
@@ -80,9 +80,9 @@ def parity(args) -> int:
 def agreement(args) -> int:
     from pathlib import Path
 
-    from .. import writeback
+    from ..core.machine import usable_threads
     from ..data import conllu
-    from ..machine import usable_threads
+    from ..writeback import checks
 
     threads = usable_threads(args.threads)
     with _fragment(args) as frag:
@@ -90,13 +90,13 @@ def agreement(args) -> int:
         sentences = conllu.read_conllu(args.test)
         rows = []
         for run, inline, written in sorted(args.runs):
-            frag.inputs += writeback.run_inputs(inline, written)
+            frag.inputs += checks.run_inputs(inline, written)
             pred = Path(args.pred_dir) / run / "test.pred.conllu"
-            rows.append(writeback.agreement_row(run, inline, written, sentences, pred, args.resamples,
+            rows.append(checks.agreement_row(run, inline, written, sentences, pred, args.resamples,
                                                 args.seed, threads))
             frag.outputs.append(pred)
-        markdown = writeback.agreement_markdown(rows)
-        frag.outputs += writeback.write_table(args.out, rows, writeback.AGREEMENT_COLUMNS, markdown)
+        markdown = checks.agreement_markdown(rows)
+        frag.outputs += checks.write_table(args.out, rows, checks.AGREEMENT_COLUMNS, markdown)
         frag.table("Write-back agreement", markdown)
         frag.note(f"gold tokens of {args.test}; the interval resamples sentences ({args.resamples} "
                   f"resamples, seed {args.seed}, percentile); differing tokens: tags the written graph's "
@@ -107,9 +107,9 @@ def agreement(args) -> int:
 
 
 def speed(args) -> int:
-    from .. import writeback
+    from ..core.machine import load_average, usable_threads
     from ..data import conllu
-    from ..machine import load_average, usable_threads
+    from ..writeback import checks, speed
 
     counts = sorted({1, usable_threads(args.threads)})
     with _fragment(args) as frag:
@@ -119,11 +119,11 @@ def speed(args) -> int:
         rows = []
         probes = {}  # one limit per thread count, shared by the runs: calibrated once
         for run, inline, written in sorted(args.runs):
-            frag.inputs += writeback.run_inputs(inline, written)
-            rows += writeback.speed_rows(run, inline, written, sentences, args.batch_pieces, counts,
+            frag.inputs += checks.run_inputs(inline, written)
+            rows += speed.speed_rows(run, inline, written, sentences, args.batch_pieces, counts,
                                          args.warmup, args.repeats, args.min_seconds, probes)
-        markdown = writeback.speed_markdown(rows)
-        frag.outputs += writeback.write_table(args.out, rows, writeback.SPEED_COLUMNS, markdown)
+        markdown = speed.speed_markdown(rows)
+        frag.outputs += checks.write_table(args.out, rows, speed.SPEED_COLUMNS, markdown)
         frag.table("Write-back speed", markdown)
         for probe in probes.values():
             for note in probe.notes():
@@ -145,11 +145,12 @@ def speed(args) -> int:
 
 
 def speed_plot(args) -> int:
-    from .. import tables, writeback
+    from ..core import tables
+    from ..writeback import speed
 
     with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
         frag.inputs.append(args.table)
-        writeback.plot_speed(tables.read_csv(args.table), args.out)
+        speed.plot_speed(tables.read_csv(args.table), args.out)
         frag.outputs.append(args.out)
         frag.note("a plot of the table's numbers (median tokens/s, spread from the slowest to the fastest "
                   "pass where the table has it); its own job, so that a change to the plot times nothing "

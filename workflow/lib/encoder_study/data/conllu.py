@@ -29,9 +29,9 @@ from pathlib import Path
 from conllu.exceptions import ParseException
 from conllu.parser import parse_comment_line, parse_id_value
 
-from .. import files
-from ..errors import UserError
-from ..tables import markdown_table
+from ..core import files
+from ..core.errors import UserError
+from ..core.tables import markdown_table
 from .doc import Doc
 
 UPOS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN",
@@ -467,29 +467,3 @@ def pinned(sha256: str | None) -> str | None:
         raise TreebankError(str(err)) from err
 
 
-@dataclass(frozen=True)
-class Fetched:
-    path: Path
-    sha256: str
-    pinned: bool
-    sentences: list[Sentence]
-
-
-def fetch(source: str, dest: str | os.PathLike, sha256: str | None = None, timeout: float = 60.0) -> Fetched:
-    """Download `source` (http(s) URL, file:// URL or path) to `dest`, check it, and read it.
-
-    The bytes go to a temporary name beside `dest`, which gets them only when the SHA-256 matches the
-    pin (if one is given) and the file reads as CoNLL-U; otherwise `dest` is left as it was. Without a
-    pin, the returned hash is what the caller records.
-    """
-    expected = pinned(sha256)
-    sentences: list[Sentence] = []
-
-    def parse(tmp: Path) -> None:  # before the rename: a malformed file never reaches dest
-        sentences.extend(read_conllu(tmp, name=source))
-
-    try:
-        actual = files.download(source, dest, expected, timeout=timeout, validate=parse)
-    except files.DownloadError as err:
-        raise TreebankError(str(err)) from err
-    return Fetched(Path(dest), actual, expected is not None, sentences)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import files
+from ..core import files
 from . import SPLITS
 from .conllu import UPOS, TreebankError
 

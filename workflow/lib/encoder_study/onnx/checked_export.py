@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import files, manifest
-from ..errors import UserError
+from .. import manifest
+from ..core import files
+from ..core.errors import UserError
 from ..runtime import CHECK_TEXT, DYNAMIC_AXES, INPUTS, OUTPUT, ort_session, pad_batch
 
 # The exporter's settings that every export shares and every manifest records.

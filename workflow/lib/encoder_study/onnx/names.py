@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 ANONYMOUS = "onnx::"  # prefix of the TorchScript exporter's unnamed values
 REEXPORT = ("Export the model again with encoder_study.export (torch.onnx.export(..., dynamo=False, "

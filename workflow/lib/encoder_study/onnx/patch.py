@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import files
-from ..errors import UserError
+from ..core import files
+from ..core.errors import UserError
 from . import names
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ its attention), `export` (export, optimise, check, publish; the memory of each p
 
 from __future__ import annotations
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 OUTPUTS = ("dense", "sparse", "colbert")  # the graph's outputs, in its order
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import tables
+from ..core import tables
 from . import OUTPUTS, RetrievalError
 from .cases import Case
 from .graph import REFERENCE_ATTENTION, attention

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from .. import files, machine, provenance, runtime, tables
+from .. import provenance, runtime
+from ..core import files, machine, tables
 from ..manifest import CONFIG_FILE, ONNX_FILE, TOKENIZER_FILE
 from ..onnx import checked_export
 from ..reference import load_pytorch, source_dir

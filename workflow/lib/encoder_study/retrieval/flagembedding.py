@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import files
+from ..core import files
 from . import RetrievalError
 from .cases import Case
 from .heads import HEAD_FILES

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .. import files
+from ..core import files
 from . import RetrievalError
 
 # FlagEmbedding's names: its model directory holds them beside the encoder's files.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import files
+from ..core import files
 
 MANIFEST_WHAT = "a manifest with a 'files' list"
 

@@ -1,6 +1,6 @@
 """The distilled student: `architecture`, `data`, `objective`, `train`, and `export` (ONNX + parity)."""
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 
 class StudentError(UserError):

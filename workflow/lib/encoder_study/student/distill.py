@@ -108,8 +108,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import artefacts, files, plots, provenance, tables, trainable
-from ..files import CheckpointError  # noqa: F401 -- what resuming raises; callers import it from here
+from .. import plots, provenance, trainable
+from ..core import files, tables
+from ..core.files import CheckpointError  # noqa: F401 -- what resuming raises; callers import it from here
+from ..provenance import artefacts
 from ..tokens import PieceTokenizer
 from ..trainable import harness
 from ..trainable.common import adamw

@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import files, machine, manifest, provenance
+from .. import manifest, provenance
+from ..core import files, machine
 from ..onnx import checked_export, fusion
 from ..trainable.postnorm import PostNormEncoder, student_names
 from . import StudentError

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from torch import nn
 
-from .. import machine, manifest, tables
+from .. import manifest
+from ..core import machine, tables
 
 PARITY_COLUMNS = ["model", "comparison", "tokens", "max_abs", "mean_abs", "max_value", "min_cos",
                   "batch_equal"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import files
+from ..core import files
 from . import evaluate
 from .splits import RUN_JSON, SCORES, pred_path, read_splits, score_split, scored_splits, split_record
 

@@ -36,9 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import files, plots, tables
+from .. import plots
+from ..core import files, tables
+from ..core.errors import UserError
 from ..data.conllu import UPOS
-from ..errors import UserError
 
 RESAMPLES = 10_000
 CONFIDENCE = 0.95

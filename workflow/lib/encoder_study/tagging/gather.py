@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import files, tables
+from ..core import files, tables
 from ..data import conllu
 from ..data.conllu import Sentence
 from . import evaluate

@@ -47,9 +47,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import machine, manifest, runtime
+from .. import manifest, runtime
+from ..core import machine
+from ..core.errors import UserError
 from ..data.conllu import UPOS
-from ..errors import UserError
 from ..frozen import EncoderError, open_export
 from ..onnx import names
 from ..runtime import INPUTS, OUTPUT, usable_positions

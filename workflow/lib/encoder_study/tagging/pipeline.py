@@ -60,9 +60,11 @@ from pathlib import Path
 
 import torch
 
-from .. import artefacts, files, manifest
-from ..errors import UserError
+from .. import manifest
+from ..core import files
+from ..core.errors import UserError
 from ..frozen import FrozenEncoder
+from ..provenance import artefacts
 from ..trainable.words import TrainableEncoder
 from .graph import GraphTagger
 from .tagger import KINDS, Tagger

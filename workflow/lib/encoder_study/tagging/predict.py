@@ -42,10 +42,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import files, machine
+from ..core import files, machine
+from ..core.errors import UserError
 from ..data import conllu
 from ..data.conllu import Sentence, TreebankError, Word
-from ..errors import UserError
 from ..frozen import FrozenEncoder
 from . import evaluate, pipeline
 from .tagger import EVAL_BATCH_WORDS, Tagger, word_batches

@@ -23,7 +23,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from .. import files
+from ..core import files
 from ..frozen import FrozenEncoder
 from ..trainable.words import TrainableEncoder
 from . import evaluate, pipeline

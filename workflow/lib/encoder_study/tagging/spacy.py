@@ -8,8 +8,8 @@ goes through every component of the pipeline; a word's UPOS is `token.pos_`. A s
 Two sources, both ending as a pipeline directory that `spacy.load` reads:
 
 - `package`: a published pipeline, the wheel of explosion/spacy-models' GitHub release, downloaded by
-  `files.download` (checked against its pinned SHA-256, or the hash recorded), and its data directory
-  (`<package>/<package>-<version>/`) unpacked.
+  `spacy_fetch.fetch_package` (checked against its pinned SHA-256, or the hash recorded), and its data
+  directory (`<package>/<package>-<version>/`) unpacked.
 - `train`: a tok2vec + morphologizer pipeline trained by `spacy.training.loop.train` from a committed
   spaCy config (config/spacy/tagger.cfg) on the train split, selected on dev (spaCy's model-best). The
   morphologizer, trained on UPOS alone, predicts labels `POS=<tag>` and sets `token.pos_` itself; the
@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import files
+from ..core import files
+from ..core.errors import UserError
 from ..data.conllu import UPOS, Sentence
-from ..errors import UserError
 
 NOT_UD = "X"  # the UPOS of a word whose spaCy POS is not a UD tag
 # What the saved config.cfg must not carry: paths of files that exist only while training runs.
@@ -99,24 +99,6 @@ def load(path: str | os.PathLike):
 
 # ---------------------------------------------------------------------------------------------------------
 # Source `package`: a published pipeline's wheel
-
-
-def fetch_package(url: str, sha256: str, dest: str | os.PathLike, timeout: float) -> tuple[str, bool]:
-    """Download the wheel to `dest`, checked against `sha256` if pinned and read as a zip archive.
-
-    Returns (its SHA-256, whether it was pinned); without a pin the caller records the hash.
-    """
-    def readable(tmp: Path) -> None:
-        if not zipfile.is_zipfile(tmp):
-            raise SpacyError(f"{url}: not a wheel (zip archive); give the release asset's URL "
-                             "(<package>-<version>-py3-none-any.whl)")
-
-    try:
-        expected = files.pinned(sha256)
-    except ValueError as err:
-        raise SpacyError(f"{url}: {err}") from err
-    actual = files.download(url, dest, expected, timeout=timeout, validate=readable)
-    return actual, expected is not None
 
 
 def unpack_package(wheel: str | os.PathLike, package: str, version: str, target: str | os.PathLike) -> Path:

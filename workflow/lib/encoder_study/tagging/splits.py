@@ -13,10 +13,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import files, tables
+from ..core import files, tables
+from ..core.errors import UserError
 from ..data import SPLITS, conllu
 from ..data.conllu import Sentence
-from ..errors import UserError
 from . import evaluate
 
 RUN_JSON = "run.json"

@@ -33,9 +33,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import manifest, perf, reference, tables, trainable
+from .. import manifest, perf, reference, trainable
+from ..core import tables
+from ..core.errors import UserError
 from ..data.conllu import UPOS
-from ..errors import UserError
 
 COLUMNS = ["model", "implementation", "forward_s", "backward_s", "clip_s", "optimizer_s", "total_s",
            "parameters", "batch", "length", "steps", "threads", "max_abs", "device", "total_s_min",

@@ -89,9 +89,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import files
+from ..core import files
+from ..core.files import CheckpointError  # what resuming raises; callers import it from here too
 from ..data.conllu import UPOS, Sentence
-from ..files import CheckpointError  # what resuming raises; callers import it from here too
 from ..trainable import harness
 from ..trainable.common import adamw
 from ..trainable.harness import TrainingError  # what bad settings raise; callers import it from here too

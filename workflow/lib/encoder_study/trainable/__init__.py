@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .. import files
+from ..core import files
 from ..onnx.names import table_prefix
 from . import modernbert, postnorm
 from .common import Encoder, adamw, clip_gradients

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .. import machine
+from ..core import machine
 from .graph import Graph, GraphError
 
 # Sequences shorter than this are padded (with masked keys) before they run. PyTorch's CPU softmax sums

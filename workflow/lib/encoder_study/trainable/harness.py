@@ -45,9 +45,10 @@ from pathlib import Path
 
 import torch
 
-from .. import artefacts, files
-from ..errors import UserError
-from ..files import CheckpointError
+from ..core import files
+from ..core.errors import UserError
+from ..core.files import CheckpointError
+from ..provenance import artefacts
 from .common import clip_gradients, determinism, use_deterministic_algorithms
 
 CHOICES = ("auto", "cpu", "cuda")  # what --device takes

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import files, machine, manifest, trainable
+from .. import manifest, trainable
+from ..core import files, machine
 from ..frozen import EncoderError, open_export
 from ..runtime import pad_batch, usable_positions
 from ..tokens import Doc, DocPieces, PieceTokenizer, check_pooling

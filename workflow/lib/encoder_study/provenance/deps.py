@@ -34,7 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import files
+from ..core import files
 
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 # What a summary holds; a cache written by another format or Python (its parser) is not read.

@@ -2,10 +2,13 @@
 
 Each rule writes `provenance/<recipe>/<rule>[-<wildcards>].md` and its JSON twin
 `<rule>[-<wildcards>].json`, both rendered from one record (`Fragment.record`), so they state the
-same facts; the twin also holds the Markdown's SHA-256. `join` puts a recipe's fragments into its
-PROVENANCE.md; `verify` reads the twins, re-hashes every file they name, and with `env=True` also
-compares the recorded library versions and Python with the installed ones (the commands:
-`encoder-study provenance join|verify|explain`; `explain` lives in encoder_study.lineage).
+same facts; the twin also holds the Markdown's SHA-256.
+
+This package's own module is the writer that every job runs, so it stays small and stable; the
+readers live beside it and no job imports them, so a fix to one reruns no job: `records` (reading
+twins), `verify`, `join` (a recipe's PROVENANCE.md), `lineage` (`explain`), `crate` (the run crate),
+`recorded` (the check before a run); `artefacts` seals checkpoints and pipelines; `deps` gives rules
+their code inputs (docs/reruns.md).
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 
-from . import __version__, files
-from .errors import UserError
-from .machine import cores, lifetime_peak_kib
-from .tables import markdown_table
+from .. import __version__
+from ..core import files
+from ..core.errors import UserError
+from ..core.machine import cores, lifetime_peak_kib
+from ..core.tables import markdown_table
 
 LIBRARIES = (
     "torch", "transformers", "tokenizers", "onnx", "onnxruntime", "numpy",
@@ -84,15 +88,6 @@ def environment_file(root: str | os.PathLike) -> tuple[dict, str]:
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     path = normal_path(Path(root) / ENVIRONMENTS / f"{digest}.json")
     return {"path": path.as_posix(), "sha256": digest, "distributions": len(found)}, text
-
-
-def read_environment(path: str | os.PathLike) -> dict:
-    """An environment file (`environment_file`); ProvenanceError when it is not one."""
-    data = files.read_json(path, "a run's environment file", "rerun a rule to write it again",
-                           kind=dict, error=ProvenanceError)
-    if data.get("format") != ENVIRONMENT_FORMAT or not isinstance(data.get("distributions"), dict):
-        raise ProvenanceError(f"{path}: not an environment file (no \"format\": \"{ENVIRONMENT_FORMAT}\")")
-    return data
 
 
 def code_state(root: str | os.PathLike = ".") -> dict:
@@ -413,260 +408,6 @@ def twin(fragment: str | os.PathLike) -> Path:
     """The JSON twin of a fragment's Markdown (and the Markdown of a twin): same stem, other suffix."""
     fragment = Path(fragment)
     return fragment.with_suffix(".md" if fragment.suffix == ".json" else ".json")
-
-
-def fragments_under(root: str | os.PathLike) -> list[Path]:
-    """The Markdown fragments under `root` (every .md but the joined PROVENANCE.md files)."""
-    return sorted(p for p in Path(root).rglob("*.md") if p.name != JOINED_NAME)
-
-
-def read_record(path: str | os.PathLike) -> dict:
-    """A fragment's JSON twin; ProvenanceError (naming the file and the fix) when it is not one."""
-    path = Path(path)
-    record = files.read_json(path, "a provenance fragment's twin", "rerun the rule that writes it",
-                             error=ProvenanceError)
-    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
-        raise ProvenanceError(f"{path}: not a provenance fragment's twin (no \"format\": "
-                              f"\"{RECORD_FORMAT}\"); remove it or rerun the rule that writes it")
-    return record
-
-
-def records_under(root: str | os.PathLike) -> list[tuple[Path, dict]]:
-    """(path, record) of every JSON twin under `root`, sorted by path; other JSON files are skipped."""
-    found = []
-    for path in sorted(Path(root).rglob("*.json")):
-        try:
-            found.append((path, read_record(path)))
-        except ProvenanceError:
-            if twin(path).is_file():  # a fragment's twin that is broken is an error, not another file
-                raise
-    return found
-
-
-# `verify --fast`'s hashes, under the folder the recorded paths are relative to (see HashCache).
-FAST_CACHE = ".snakemake/encoder-study/verify-hashes.json"
-RACY_NS = 2_000_000_000  # a file changed this close to its hashing may change again unseen: not cached
-
-
-class HashCache:
-    """SHA-256 of files by their identity and state: (size, mtime_ns, ctime_ns, inode, device).
-
-    What `verify --fast` trusts instead of reading a file again. A change keeps none of these only if
-    it rewrites the file in place with the same size and then sets its mtime back; the kernel then
-    still moves ctime, which no user call can set. Not kept: a file changed less than RACY_NS before
-    it was hashed (a file system with coarse time stamps could change it again within the same
-    tick), or changed while it was hashed. The cache file is disposable; an unreadable one is ignored.
-    """
-
-    def __init__(self, path: str | os.PathLike):
-        self.path, self.hits, self.hashed, self.changed = Path(path), 0, 0, False
-        try:
-            data = files.read_json(self.path, "verify's hash cache", "remove it", kind=dict)
-        except files.JsonError:
-            data = {}
-        ok = data.get("format") == 1 and isinstance(data.get("files"), dict)
-        self.entries = data["files"] if ok else {}
-
-    @staticmethod
-    def _state(stat: os.stat_result) -> list[int]:
-        return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev]
-
-    def sha256(self, path: Path) -> str:
-        key = os.path.realpath(path)
-        before = path.stat()
-        entry = self.entries.get(key)
-        if isinstance(entry, list) and entry[:-1] == self._state(before):
-            self.hits += 1
-            return entry[-1]
-        started = time.time_ns()
-        digest = files.sha256_file(path)
-        self.hashed += 1
-        after = path.stat()
-        if (self._state(after) == self._state(before)
-                and max(after.st_mtime_ns, after.st_ctime_ns) < started - RACY_NS):
-            self.entries[key] = [*self._state(after), digest]
-            self.changed = True
-        elif self.entries.pop(key, None) is not None:
-            self.changed = True
-        return digest
-
-    def save(self) -> None:
-        """Write the cache (atomically); a folder that cannot be written leaves it as it was."""
-        if not self.changed:
-            return
-        try:
-            files.write_text(self.path, json.dumps({"format": 1, "files": self.entries}, sort_keys=True))
-        except OSError:
-            pass
-
-
-def verify(root: str | os.PathLike, base: str | os.PathLike, env: bool = False,
-           cache: HashCache | None = None) -> list[str]:
-    """Re-hash every file the JSON twins name; return one line per difference (empty: all match).
-
-    Also a difference: a Markdown fragment without its twin, a twin without its Markdown, and a
-    Markdown that is not the one its twin was written with. With `env`, also each library version and
-    Python version that differs from the installed one (`environment_differences`). A file named by
-    several fragments is read once. With `cache` (`verify --fast`), a file whose size, times and inode
-    are those it was hashed with is not read again (HashCache says what that trusts); the caller saves it.
-    """
-    problems: list[str] = []
-    hashed: dict[tuple[int, int], str] = {}  # (device, inode) -> SHA-256: each file read once
-
-    def sha256(target: Path) -> str:
-        stat = target.stat()
-        key = (stat.st_dev, stat.st_ino)
-        if key not in hashed:
-            hashed[key] = cache.sha256(target) if cache is not None else files.sha256_file(target)
-        return hashed[key]
-
-    environments: dict[Path, str] = {}  # a few small files every fragment names: read each once
-
-    markdown = fragments_under(root)
-    try:
-        records = records_under(root)
-    except ProvenanceError as err:
-        return [str(err)]
-    if not markdown and not records:
-        return [f"{root}: no provenance fragments found; run the workflow first"]
-    twins = {path for path, _ in records}
-    for frag in markdown:
-        if twin(frag) not in twins:
-            problems.append(f"{frag}: no JSON twin ({twin(frag).name}); rerun its rule to write both")
-    for path, record in records:
-        frag = twin(path)
-        if not frag.is_file():
-            problems.append(f"{path}: its Markdown fragment {frag.name} is missing; rerun its rule")
-        elif files.sha256_file(frag) != record.get("markdown", {}).get("sha256"):
-            problems.append(f"{frag}: differs from the Markdown its twin {path.name} was written with; "
-                            f"rerun its rule")
-        if not record["files"]:
-            problems.append(f"{path}: names no files")
-        problems += _environment_problems(path, record, base, environments)
-        for entry in record["files"]:
-            name, size, digest = entry["path"], entry["bytes"], entry["sha256"]
-            target = Path(base) / name
-            if not target.is_file():
-                problems.append(f"{path}: {name} is missing")
-                continue
-            actual = sha256(target)
-            if actual != digest:
-                # A fragment that changed under a later reader (the run crate reads every fragment)
-                # was rewritten by a rerun of its own rule: the reader is stale, not the files.
-                hint = (f"; {name} was rewritten by a later run of its rule, so rerun the rule that wrote "
-                        f"{path.name} (`all` rebuilds the run crate)"
-                        if Path(name).suffix in (".md", ".json") and Path(name).is_relative_to(root) else "")
-                problems.append(f"{path}: {name} changed: recorded sha256 {digest} ({size} bytes), "
-                                f"now {actual} ({target.stat().st_size} bytes){hint}")
-    if env:
-        problems += environment_differences([r for _, r in records], base=base)
-    return problems
-
-
-def _environment_problems(path: Path, record: dict, base: str | os.PathLike, hashed: dict[Path, str]
-                          ) -> list[str]:
-    """The environment file a twin names, missing or not the one it names (twins written before
-    environment files existed name none). `hashed` keeps each file's SHA-256 across calls."""
-    entry = record.get("environment")
-    if entry is None:
-        return []
-    target = Path(base) / entry["path"]
-    if not target.is_file():
-        return [f"{path}: its environment file {entry['path']} is missing; rerun its rule"]
-    if target not in hashed:
-        hashed[target] = files.sha256_file(target)
-    if hashed[target] != entry["sha256"]:
-        return [f"{path}: its environment file {entry['path']} changed: recorded sha256 {entry['sha256']}, "
-                f"now {hashed[target]}"]
-    return []
-
-
-def record_name(record: dict) -> str:
-    """`<recipe>/<rule>[-<wildcards>]`: where a record's fragment lives under provenance/."""
-    return f"{record['recipe']}/{record['rule']}" + (f"-{record['wildcards']}" if record["wildcards"] else "")
-
-
-def environment_differences(records: list[dict], installed: dict[str, str] | None = None,
-                            python: str | None = None, base: str | os.PathLike = ".") -> list[str]:
-    """One line per library (and Python) whose recorded version differs from the installed one.
-
-    Fragments may record different versions (jobs on other machines): each recorded version that
-    differs is named with how many fragments and one example. Then the complete environments the
-    fragments name (`environment_file`), each compared with the installed distributions: every
-    version that differs, every distribution recorded but gone and every one installed since
-    (`complete_differences`). `installed` (every distribution, canonical names) and `python` default
-    to now.
-    """
-    if installed is None:
-        installed = distributions()
-    python = python or sys.version.split()[0]
-    lines = _library_differences(records, installed, python)
-    named = {line.split(":", 1)[0] for line in lines}
-    return lines + [line for line in complete_differences(records, installed, python, base)
-                    if line.split(":", 1)[0] not in named]
-
-
-def _library_differences(records: list[dict], installed: dict[str, str], python: str) -> list[str]:
-    """environment_differences for the short `libraries` list each fragment carries."""
-    recorded: dict[str, dict[str, list[str]]] = {}
-    for record in records:
-        name = record_name(record)
-        versions = {**record["libraries"], "python": record["machine"].get("python", "unknown")}
-        for package, version in versions.items():
-            recorded.setdefault(package, {}).setdefault(version, []).append(name)
-    now = {**{p: installed.get(canonical_name(p), "not installed") for p in recorded}, "python": python}
-    lines = []
-    for package in sorted(recorded):
-        for version, names in sorted(recorded[package].items()):
-            if version != now.get(package, "not installed"):
-                lines.append(f"{package}: recorded {version} by {len(names)} fragment(s) (e.g. {names[0]}), "
-                             f"installed now {now.get(package, 'not installed')}")
-    return lines
-
-
-def complete_differences(records: list[dict], installed: dict[str, str], python: str,
-                         base: str | os.PathLike = ".") -> list[str]:
-    """Each complete environment the fragments name against `installed` (canonical name -> version)
-    and `python`: one line per difference, naming the file and how many fragments ran in it."""
-    users: dict[str, list[str]] = {}
-    for record in records:
-        if record.get("environment"):
-            users.setdefault(record["environment"]["path"], []).append(record_name(record))
-    lines = []
-    for path, names in sorted(users.items()):
-        where = f"in {path} ({len(names)} fragment(s), e.g. {names[0]})"
-        try:
-            recorded = read_environment(Path(base) / path)
-        except ProvenanceError as err:
-            lines.append(f"environment: {err}")
-            continue
-        then = {**recorded["distributions"], "python": recorded.get("python", "unknown")}
-        now = {**installed, "python": python}
-        for name in sorted(then.keys() | now.keys()):
-            if name not in now:
-                lines.append(f"{name}: recorded {then[name]} {where}, not installed now")
-            elif name not in then:
-                lines.append(f"{name}: installed now {now[name]}, not in the environment recorded {where}")
-            elif then[name] != now[name]:
-                lines.append(f"{name}: recorded {then[name]} {where}, installed now {now[name]}")
-    return lines
-
-
-def join(recipe: str, fragments: list[str | os.PathLike], target: str | os.PathLike) -> None:
-    """Write a recipe's PROVENANCE.md: a contents list, then every fragment in the order given."""
-    fragments = [Path(f) for f in fragments]
-    parts = [
-        f"# Provenance of the `{recipe}` recipe\n\n",
-        "Fragments in the order the workflow runs them; `snakemake --cores 1 verify` (or `encoder-study "
-        "provenance verify --root provenance --base .`) re-hashes every file they name.\n\n",
-        "".join(f"- [{f.stem}](#{f.stem.lower()})\n" for f in fragments),
-    ]
-    for f in fragments:
-        body = f.read_text(encoding="utf-8")
-        # Demote headings one level so the recipe's title stays the only top-level heading.
-        body = re.sub(r"^(#+) ", r"#\1 ", body, flags=re.MULTILINE)
-        parts += ["\n", f'<a id="{f.stem.lower()}"></a>\n\n', body]
-    files.write_text(target, "".join(parts))
 
 
 def add_arguments(parser) -> None:

@@ -26,8 +26,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import files, provenance, tables
-from .errors import UserError
+from .. import provenance
+from ..core import files, tables
+from ..core.errors import UserError
+from .records import record_name, records_under
 
 
 class ExplainError(UserError):
@@ -47,7 +49,7 @@ class Index:
     @classmethod
     def load(cls, root: str | os.PathLike) -> Index:
         index = cls()
-        for path, record in provenance.records_under(root):
+        for path, record in records_under(root):
             index.records[path.as_posix()] = record
             for entry in record["files"]:
                 if entry["role"] == "output":
@@ -145,7 +147,7 @@ def explain(root: str | os.PathLike, target: str | os.PathLike, row: list[str] |
     hashes = Hashes(base)
     record = index.records[producer]
     recorded = next(e for e in record["files"] if _key(e["path"]) == target)
-    state = hashes.mark(recorded, provenance.record_name(record))
+    state = hashes.mark(recorded, record_name(record))
     state = "matches the record" if state == "matches" else state
     lines = [f"{target}  {recorded['bytes']} bytes  sha256 {recorded['sha256']}  ({state})"]
     path = Path(base) / target
@@ -173,7 +175,7 @@ def _job(index: Index, twin: str, inputs: list[dict] | None, depth: int, seen: s
          lines: list[str], hashes: Hashes) -> None:
     pad = "  " * depth
     record = index.records[twin]
-    name = provenance.record_name(record)
+    name = record_name(record)
     if twin in seen:
         lines.append(f"{pad}made by {name} (shown above)")
         return
@@ -243,7 +245,7 @@ class Predictions:
 
     @staticmethod
     def _read(pred: Path, gold: Path) -> Counts | str | None:
-        from .data.conllu import read_conllu
+        from ..data.conllu import read_conllu
 
         if not (pred.is_file() and gold.is_file()):
             return None
@@ -344,7 +346,7 @@ def _table_rows(name: str, path: Path, record: dict, predictions: Predictions) -
 def table_problems(root: str | os.PathLike, base: str | os.PathLike = ".") -> list[str]:
     """The row checks of every CSV table the fragments under `root` name as an output."""
     predictions, problems = Predictions(base), []
-    for _, record in provenance.records_under(root):
+    for _, record in records_under(root):
         for entry in record["files"]:
             path = Path(base) / entry["path"]
             if entry["role"] == "output" and path.suffix == ".csv" and path.is_file():

@@ -7,7 +7,7 @@ write it again. `damaged` runs from the workflow's `onstart` handler, once the D
 any job starts (or any output is deleted): every input of a job that will run, unless a job of the same
 run writes it, must still have the size and SHA-256 that the fragment of the rule that wrote it
 records, and so must the other files that rule wrote beside it (the weights behind a source.json).
-A size costs a stat; hashes come through `provenance.HashCache`, so a file is read once after it
+A size costs a stat; hashes come through `HashCache`, so a file is read once after it
 changes. Standard library only, as everything the Snakefile imports.
 """
 
@@ -18,7 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import files, provenance
+from .. import provenance
+from ..core import files
+from .records import read_record
+from .verify import HashCache
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ def written(root: str | os.PathLike) -> dict[str, Written]:
         if not provenance.twin(path).is_file():
             continue
         try:
-            record = provenance.read_record(path)
+            record = read_record(path)
         except provenance.ProvenanceError:
             continue  # `verify` names a broken twin; it says nothing about the files
         for row in record.get("files", []):
@@ -50,7 +53,7 @@ def written(root: str | os.PathLike) -> dict[str, Written]:
 
 
 def damaged(inputs: Iterable[str], produced: Iterable[str], declared: Iterable[str],
-            root: str | os.PathLike, cache: provenance.HashCache) -> list[str]:
+            root: str | os.PathLike, cache: HashCache) -> list[str]:
     """One line per file that differs from its record: the inputs (normalised paths) that no job of
     the run writes (`produced`) and the files their rules wrote beside them. `declared`: every output
     the workflow's jobs declare, which `snakemake -f` can rebuild."""

@@ -54,8 +54,11 @@ from urllib.parse import quote, unquote
 
 import yaml
 
-from . import files, provenance
-from .errors import UserError
+from .. import provenance
+from ..core import files
+from ..core.errors import UserError
+from .records import read_record, record_name
+from .verify import HashCache
 
 CRATE_NAME = "ro-crate-metadata.json"
 # The run's digest: the crate's SHA-256, in sha256sum's format (`sha256sum -c` checks it).
@@ -196,7 +199,7 @@ def read_fragments(fragments: Iterable[str | os.PathLike]) -> list[tuple[Path, d
                          "(provenance/<recipe>/<rule>[-<wildcards>].md)")
     found = []
     for twin in twins:
-        record = provenance.read_record(twin)
+        record = read_record(twin)
         check_record(twin, record)
         found.append((twin, record))
     return found
@@ -407,7 +410,7 @@ class _Graph:
     def add_job(self, twin: Path, record: dict, tool_id: str) -> tuple[str, str]:
         """(job, control) ids of one job: its CreateAction, with its fragment's two files, its wall
         time and the ControlAction tying it to its rule's step."""
-        rule, name = record["rule"], provenance.record_name(record)
+        rule, name = record["rule"], record_name(record)
         inputs = [self.file_ids[e["path"]] for e in record["files"] if e["role"] == "input"]
         outputs = [self.file_ids[e["path"]] for e in record["files"] if e["role"] == "output"]
         described = [self.add_current(twin, f"Provenance fragment of {name} (JSON)"),
@@ -691,10 +694,10 @@ def check_digest(crate_path: str | os.PathLike, expected: str) -> list[str]:
 
 class OnceHasher:
     """`sha256(path)` that reads each file once (by device and inode) however often it is asked,
-    through `cache` (a provenance.HashCache, `verify --fast`) when given: verify hashes the files the
+    through `cache` (a HashCache, `verify --fast`) when given: verify hashes the files the
     fragments name and then those the crate lists, mostly the same files."""
 
-    def __init__(self, cache: provenance.HashCache | None = None) -> None:
+    def __init__(self, cache: HashCache | None = None) -> None:
         self.cache, self.known = cache, {}
 
     def sha256(self, path: Path) -> str:
