@@ -14,7 +14,7 @@ from conftest import runner
 from encoder_study import parity_tables, plots
 from encoder_study.core import tables
 from encoder_study.data import conllu
-from encoder_study.tagging import evaluate, gather, splits
+from encoder_study.tagging import evaluate, figures, gather, splits
 from encoder_study.writeback import speed
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -221,10 +221,10 @@ def test_forest_panels_group_by_split_and_encoder(tmp_path, monkeypatch):
 
     rows = [row(a, b, split) for split in ("dev", "test") for a, b in (
         ("tiny-a", "baseline"), ("big-a", "big-b"), ("big-b", "baseline"))]
-    evaluate.plot_comparisons(rows, tmp_path / "c.png", {"tiny-a": "tiny", "big-a": "big", "big-b": "big"})
+    figures.plot_comparisons(rows, tmp_path / "c.png", {"tiny-a": "tiny", "big-a": "big", "big-b": "big"})
     big, tiny = ["big-a - big-b", "big-b - baseline"], ["tiny-a - baseline"]
     assert drawn.pop() == [("test: big", big), ("test: tiny", tiny), ("dev: big", big), ("dev: tiny", tiny)]
-    evaluate.plot_comparisons(rows, tmp_path / "c.png")  # no encoders known: a panel per split
+    figures.plot_comparisons(rows, tmp_path / "c.png")  # no encoders known: a panel per split
     assert [heading for heading, _ in drawn.pop()] == ["split: test", "split: dev"]
 
 

@@ -16,6 +16,7 @@ import yaml
 from conftest import ROOT, cli_runner
 from encoder_study import provenance, rehearsal
 from encoder_study.provenance.records import read_record
+from encoder_study.rehearsal import resources as rehearsal_resources
 from encoder_study.student import data
 
 PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text(encoding="utf-8"))
@@ -149,7 +150,8 @@ def test_resources_take_the_larger_peak_and_the_longest_job(measured):
         "export_model": {"mem_mb": 24000, "runtime": 60},
         "student_distill": {"mem_mb": 4000, "runtime": 10},
     }
-    rows = rehearsal.resources(requests, measured / "provenance", measured / "benchmarks", margin=1.5)
+    rows = rehearsal_resources.resources(requests, measured / "provenance", measured / "benchmarks",
+                                         margin=1.5)
     by_rule = {r["rule"]: r for r in rows}
     assert list(by_rule) == ["export_model", "student_distill", "tagging_train"]
     export = by_rule["export_model"]
@@ -167,7 +169,7 @@ def test_resources_take_the_larger_peak_and_the_longest_job(measured):
         6500,
     )
     assert by_rule["tagging_train"]["peak_mb"] is None and by_rule["tagging_train"]["mem_mb"] is None
-    problems = rehearsal.check(rows, "config/paper.yaml")
+    problems = rehearsal_resources.check(rows, "config/paper.yaml")
     assert problems == [
         "rule student_distill: resources.student_distill.mem_mb is 4000 in config/paper.yaml, "
         "below its measured peak of 4022 MB; raise resources.student_distill.mem_mb to at "
@@ -180,7 +182,7 @@ def test_resources_take_the_larger_peak_and_the_longest_job(measured):
     [(2900, 1.5, 4500), (1000, 1.5, 1500), (1001, 1.0, 1500), (3334, 1.5, 5500)],
 )
 def test_suggested_request_rounds_up_to_500_mb(peak, margin, expected):
-    assert rehearsal.suggested(peak, margin) == expected
+    assert rehearsal_resources.suggested(peak, margin) == expected
 
 
 def test_the_command_writes_the_table_then_refuses_a_request_below_a_peak(measured, capsys):

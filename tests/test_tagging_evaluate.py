@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from encoder_study.tagging import evaluate as ev
+from encoder_study.tagging import figures
 
 Z = stats.norm.ppf(0.975)
 
@@ -250,12 +251,12 @@ def test_comparisons_table_has_the_contract_columns_and_stable_bytes(tmp_path):
 
 def test_dev_curve_plot_is_byte_stable(tmp_path):
     curves = {"fine-tuned": [(200, 96.9), (100, 96.1), (50, 94.0)], "frozen": [(100, 95.0), (200, 96.4)]}
-    ev.plot_dev_curves(curves, tmp_path / "a.png", references={"frozen encoder": 96.39})
-    ev.plot_dev_curves(dict(reversed(curves.items())), tmp_path / "b.png",
+    figures.plot_dev_curves(curves, tmp_path / "a.png", references={"frozen encoder": 96.39})
+    figures.plot_dev_curves(dict(reversed(curves.items())), tmp_path / "b.png",
                        references={"frozen encoder": 96.39})
     data = (tmp_path / "a.png").read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and data == (tmp_path / "b.png").read_bytes()
     assert b"Software" not in data
     with pytest.raises(ValueError, match="no development scores"):
-        ev.plot_dev_curves({"empty": []}, tmp_path / "c.png")
+        figures.plot_dev_curves({"empty": []}, tmp_path / "c.png")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.png"]  # no temporary files left

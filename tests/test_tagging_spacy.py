@@ -14,7 +14,7 @@ from spacy.language import Language
 from spacy.util import load_config
 
 from conftest import ROOT, cli_runner, runner, snakemake_each
-from encoder_study.core import files, tables
+from encoder_study.core import download, files, tables
 from encoder_study.data import conllu
 from encoder_study.data.synthetic import write_synthetic
 from encoder_study.provenance import deps
@@ -226,7 +226,7 @@ def test_a_wheel_is_checked_before_it_is_kept(trained, tmp_path, capsys):
         spacy_fetch.fetch_package(str(wheel), "0" * 64, out, timeout=5)
     assert not out.exists()
     (tmp_path / "not.whl").write_text("not a zip")
-    with pytest.raises(spacy_tagger.SpacyError, match="not a wheel"):
+    with pytest.raises(download.DownloadError, match="not a wheel"):
         spacy_fetch.fetch_package(str(tmp_path / "not.whl"), "", out, timeout=5)
     assert spacy_fetch.fetch_package(str(wheel), "", out, timeout=5) == (files.sha256_file(wheel), False)
     assert f"its SHA-256 is {files.sha256_file(wheel)}" in capsys.readouterr().err  # the pin to give

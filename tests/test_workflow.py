@@ -347,9 +347,9 @@ def test_verify_passes_then_catches_a_changed_output(small_workflow):
 # Runs after verify: it reruns the export recipe alone, which leaves the run crate (built by `all`)
 # describing the export jobs' earlier fragments, as verify would then say.
 def test_changing_a_package_module_reruns_its_users(small_workflow):
-    # Snakemake checksums small inputs, so a touched but unchanged file reruns nothing: edit it.
+    # A code input is the module's code stamp (docs/reruns.md): a comment reruns nothing, code does.
     module = small_workflow / "workflow/lib/encoder_study/manifest.py"
-    module.write_text(module.read_text() + "\n# an edit\n")
+    module.write_text(module.read_text() + "\n_EDITED = True  # an edit\n")
     result = snakemake("-n", "--cores", "2", "all", cwd=small_workflow)
     out = result.stdout
     assert result.returncode == 0

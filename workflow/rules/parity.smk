@@ -1,6 +1,6 @@
 # Recipe `parity`: the selected texts, ONNX Runtime against PyTorch token by token, and latency side by
 # side. Command: `encoder-study parity fetch|select|compare|latency|table`
-# (encoder_study.commands.parity). Library: encoder_study.data.texts (the selection),
+# (encoder_study.commands.parity). Library: encoder_study.data.selection (the selection),
 # encoder_study.parity (one model's rows), encoder_study.parity_tables (the tables).
 
 

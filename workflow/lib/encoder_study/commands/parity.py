@@ -114,16 +114,16 @@ def _record(frag: provenance.Fragment, report) -> None:
 
 
 def fetch(args) -> int:
+    from ..core import files
     from ..data import fetch as fetching
-    from ..data import selection
 
     with provenance.Fragment(args.provenance, provenance.settings(args)) as frag:
-        path = selection.local_path(args.url)
+        path = files.local_path(args.url)
         if path is not None:
             frag.inputs.append(path)
         digest = fetching.text_source(args.url, args.out, args.sha256, args.timeout)
         frag.outputs.append(args.out)
-        if selection.pinned(args.sha256, "--sha256"):
+        if files.pinned(args.sha256):  # a bad pin: refused by text_source above
             frag.note(f"{args.url}: SHA-256 {digest} (pinned and checked)")
         else:
             frag.note(f"{args.url}: SHA-256 {digest} (recorded, not pinned: put it in the config to make "

@@ -58,15 +58,16 @@ def streams(args) -> int:
 
 def resources(args) -> int:
     from .. import rehearsal
+    from ..rehearsal import resources as measured
 
     with provenance.Fragment(args.provenance, provenance.settings(args, ("requests",))) as frag:
-        rows = rehearsal.resources(args.requests, args.provenance_root, args.benchmarks, args.margin)
-        rehearsal.write(rows, args.out, args.markdown, args.margin)
+        rows = measured.resources(args.requests, args.provenance_root, args.benchmarks, args.margin)
+        measured.write(rows, args.out, args.markdown, args.margin)
         frag.outputs += [args.out, args.markdown]
-        text = rehearsal.markdown(rows, args.margin)
+        text = measured.markdown(rows, args.margin)
         frag.table("Resources", text)
         print(text)
-        problems = rehearsal.check(rows, args.config_name)
+        problems = measured.check(rows, args.config_name)
         if problems:
             raise rehearsal.RehearsalError("requests below the measured peaks (the table is in "
                                            f"{args.out}):\n" + "\n".join(problems))

@@ -9,9 +9,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import download
+from ..core import download, files
 from .conllu import Sentence, TreebankError, pinned, read_conllu
-from .selection import pinned as text_pinned
 from .texts import TextError
 
 
@@ -52,7 +51,10 @@ def text_source(source: str, dest: str | os.PathLike, sha256: str | None, timeou
     the actual SHA-256) and `dest` is left as it was; without, the caller records the returned hash.
     See files.download.
     """
-    expected = text_pinned(sha256, f"SHA-256 for {source}")
+    try:
+        expected = files.pinned(sha256)
+    except ValueError as err:
+        raise TextError(f"SHA-256 for {source}: {err}") from err
     try:
         return download.download(source, dest, expected, timeout=timeout)
     except download.DownloadError as err:

@@ -42,6 +42,11 @@ CACHE_FORMAT = {"format": 2, "python": f"{sys.version_info[0]}.{sys.version_info
 
 # The package's import and the dispatcher run for every command.
 ALWAYS = ("encoder_study", "encoder_study.cli")
+# Code that cannot change what a job writes, so it is no rule's code input: a download's bytes are the
+# source's, checked against the pinned SHA-256 (or recorded, unpinned), however they are fetched. A fix
+# to a download then refetches nothing and so retrains nothing (docs/reruns.md); a failed download
+# wrote nothing and reruns anyway.
+FETCHING = ("encoder_study.core.download", "encoder_study.data.fetch", "encoder_study.tagging.spacy_fetch")
 
 
 def _file(root: Path, module: str) -> Path | None:
@@ -226,7 +231,8 @@ def _module_imports(root: Path, module: str, cache: Path | None) -> frozenset[st
 
 def code_files(root: str | Path, module: str, function: str | None = None,
                cache: str | Path | None = None) -> list[str]:
-    """Every package file that running `module` (or only its `function`) executes, sorted.
+    """Every package file that running `module` (or only its `function`) executes, sorted; FETCHING's
+    modules aside (and what only they import).
 
     `root` is the folder that holds the package (workflow/lib); `module` is dotted
     (`encoder_study.commands.tagging`); `cache`, a JSON file of the files' summaries by content
@@ -238,7 +244,7 @@ def code_files(root: str | Path, module: str, function: str | None = None,
     todo = [module, *ALWAYS]
     while todo:
         name = todo.pop()
-        if name in seen:
+        if name in seen or name in FETCHING:
             continue
         seen.add(name)
         parts = name.split(".")

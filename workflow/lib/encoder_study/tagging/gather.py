@@ -16,7 +16,7 @@ from pathlib import Path
 from ..core import files, tables
 from ..data import conllu
 from ..data.conllu import Sentence
-from . import evaluate
+from . import evaluate, figures
 from .splits import HISTORY, RUN_JSON, SCORES, RunError, pred_path, read_history
 
 
@@ -49,8 +49,8 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
     """Join the runs' scores, compare runs pairwise on every split of `gold`, plot the dev curves.
 
     `caption` follows both Markdown tables: what treebank the numbers are on. `scores_plot` and
-    `comparisons_plot`, when given, are the two tables as forest plots (`evaluate.plot_scores`,
-    `evaluate.plot_comparisons`).
+    `comparisons_plot`, when given, are the two tables as forest plots (`figures.plot_scores`,
+    `figures.plot_comparisons`).
     `compare` holds (a, b) run names: each gives a row a - b per split with a paired bootstrap interval
     (same resampled sentences for both). `references` are runs whose development score the plot draws
     as a dashed line (the baseline, say). Runs are named by their run.json.
@@ -62,7 +62,7 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
                 raise RunError(f"comparison {a} - {b}: no run {name!r} among {sorted(runs)}")
     outputs = list(evaluate.write_scores(scores_out, scores, caption))
     if scores_plot is not None:
-        evaluate.plot_scores(scores, scores_plot)
+        figures.plot_scores(scores, scores_plot)
         outputs.append(Path(scores_plot))
 
     comparisons = []
@@ -73,7 +73,7 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
         outputs += list(evaluate.write_comparisons(comparisons_out, comparisons, caption))
         if comparisons_plot is not None:
             # A panel per encoder of run a: a random model's differences do not set the others' scale.
-            evaluate.plot_comparisons(comparisons, comparisons_plot, {r["run"]: r["encoder"] for r in scores})
+            figures.plot_comparisons(comparisons, comparisons_plot, {r["run"]: r["encoder"] for r in scores})
             outputs.append(Path(comparisons_plot))
     elif comparisons_plot is not None:
         raise RunError("a comparisons plot asked for without comparisons (--compare)")
@@ -136,7 +136,7 @@ def _plot_dev_curves(runs: dict[str, Path], scores: list[dict], references: Sequ
         raise RunError(f"reference runs {missing} have no development score")
     if not curves:
         raise RunError("no run has a development history to plot")
-    evaluate.plot_dev_curves(curves, plot, references={r: dev[r] for r in references})
+    figures.plot_dev_curves(curves, plot, references={r: dev[r] for r in references})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def per_tag(run_dirs: Sequence[str | os.PathLike], scores_path: str | os.PathLik
     notes = [f"{chosen}. Best: the highest development UPOS of its mode, a tie going to the run name that "
              f"sorts first. Tags in order of their {split} frequency.", *([caption] if caption else [])]
     outputs = list(evaluate.write_per_tag(out, rows, notes))
-    evaluate.plot_per_tag(rows, plot)
+    figures.plot_per_tag(rows, plot)
     outputs.append(Path(plot))
     return PerTag(rows=rows, best=best, notes=notes, inputs=inputs, outputs=outputs)
 

@@ -1,5 +1,6 @@
 """spaCy's published pipeline wheel, downloaded and checked (rule tagging_spacy_fetch): apart from
-`tagging.spacy`, so that a change to how it is fetched reruns only the download."""
+`tagging.spacy` (which it does not import), so that a change to how it is fetched reruns only the
+download, and a change to the spaCy runs does not download again."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import zipfile
 from pathlib import Path
 
 from ..core import download, files
-from .spacy import SpacyError
 
 
 def fetch_package(url: str, sha256: str, dest: str | os.PathLike, timeout: float) -> tuple[str, bool]:
@@ -18,13 +18,13 @@ def fetch_package(url: str, sha256: str, dest: str | os.PathLike, timeout: float
     """
     def readable(tmp: Path) -> None:
         if not zipfile.is_zipfile(tmp):
-            raise SpacyError(f"{url}: not a wheel (zip archive); give the release asset's URL "
-                             "(<package>-<version>-py3-none-any.whl)")
+            raise download.DownloadError(f"{url}: not a wheel (zip archive); give the release asset's "
+                                         "URL (<package>-<version>-py3-none-any.whl)")
 
     try:
         expected = files.pinned(sha256)
     except ValueError as err:
-        raise SpacyError(f"{url}: {err}") from err
+        raise download.DownloadError(f"{url}: {err}") from err
     actual = download.download(url, dest, expected, timeout=timeout, validate=readable)
     return actual, expected is not None
 
