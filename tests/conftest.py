@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from encoder_study import acquire, cli, export
+from encoder_study import cli
+from encoder_study.recipes.export import acquire, export
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("bert-tiny", "xlmr-tiny", "modernbert-tiny")

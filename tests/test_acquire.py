@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from encoder_study import acquire, reference
 from encoder_study.core import files
+from encoder_study.encoders import reference
+from encoder_study.recipes.export import acquire
 
 
 def _model_files(directory: Path) -> None:
@@ -126,7 +127,7 @@ def test_bad_architecture_file_names_the_key(tmp_path):
 
 
 def test_acquire_command_writes_source_and_fragment(tmp_path, monkeypatch):
-    from encoder_study.commands import export as command
+    from encoder_study.recipes.export import command
 
     monkeypatch.chdir(ROOT)
     spec = {"source": "tiny", "architecture": "config/models/bert-tiny.json", "seed": 0}
@@ -146,7 +147,7 @@ def test_acquire_command_writes_source_and_fragment(tmp_path, monkeypatch):
 def test_a_tokenizer_padded_to_a_vocabulary_size_keeps_the_hand_made_pieces(kind, start, continuation):
     """The generated pieces come after the hand-made ones (whose ids the tiny models keep), in the order
     of letter strings of 2, 3... letters, each as a word start and as a continuation."""
-    from encoder_study import tiny
+    from encoder_study.encoders import tiny
 
     specials = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
     small = tiny.TOKENIZERS[kind](specials)

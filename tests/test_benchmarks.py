@@ -2,10 +2,11 @@
 
 import pytest
 
-from encoder_study import benchmarks, perf
-from encoder_study.commands.benchmarks import parser
 from encoder_study.core import tables
+from encoder_study.encoders import perf
 from encoder_study.onnx import fusion
+from encoder_study.recipes.benchmarks import benchmarks
+from encoder_study.recipes.benchmarks.command import parser
 
 
 @pytest.fixture(scope="module")

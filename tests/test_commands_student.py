@@ -14,7 +14,8 @@ import torch
 from test_student_distill import Crash, crash_before
 
 from conftest import ROOT, cli_runner
-from encoder_study import manifest, trainable
+from encoder_study.encoders import trainable
+from encoder_study.onnx import manifest
 
 SHAPE = {"layers": 2, "width": 32, "heads": 2, "intermediate": 64, "embedding_width": 8, "max_positions": 512}
 TRAINING = {"steps": 6, "batch_windows": 4, "window_lengths": [16, 24], "chunk_steps": 3, "log_every": 2,
@@ -25,7 +26,7 @@ STOPPED = """
 import json
 import sys
 from encoder_study import cli
-from encoder_study.student import distill
+from encoder_study.recipes.student import distill
 if cli.main(json.loads(sys.argv[1])) != 0:
     sys.exit("the uninterrupted run failed")
 real = distill._Run.train_step

@@ -5,11 +5,11 @@ import re
 import yaml
 
 from conftest import ROOT
-from encoder_study import config_doc
+from encoder_study.core import config_doc
 
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 README = ROOT / "config" / "README.md"
-REGENERATE = ("regenerate it: python -m encoder_study.config_doc workflow/schemas/config.schema.yaml"
+REGENERATE = ("regenerate it: python -m encoder_study.core.config_doc workflow/schemas/config.schema.yaml"
               " > config/README.md")
 
 

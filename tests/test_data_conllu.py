@@ -9,13 +9,13 @@ import pytest
 
 from conftest import runner
 from encoder_study import cli, provenance
-from encoder_study.commands import tagging as command
 from encoder_study.core import files
 from encoder_study.data import SPLITS, fetch
 from encoder_study.data import conllu as treebank
 from encoder_study.data import synthetic as generator
+from encoder_study.encoders.tokens import Doc
 from encoder_study.provenance.records import read_record
-from encoder_study.tokens import Doc
+from encoder_study.recipes.tagging import command
 
 T = "\t"
 SIZES = {"train": 1500, "dev": 300, "test": 300}  # the config's default (treebank.sizes)

@@ -18,7 +18,8 @@ import regex
 
 from conftest import ROOT, cli_runner
 from encoder_study.core import files
-from encoder_study.data import fetch, selection, texts
+from encoder_study.data import fetch, texts
+from encoder_study.recipes.parity import selection
 
 command = cli_runner("parity")
 

@@ -18,7 +18,8 @@ from xml.sax.saxutils import escape, quoteattr
 import pytest
 
 from conftest import cli_runner
-from encoder_study.data import selection, texts
+from encoder_study.data import texts
+from encoder_study.recipes.parity import selection
 
 NS = texts.UDHR_NS
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from encoder_study import cli
 from encoder_study.provenance import deps
 
 LIB = ROOT / "workflow" / "lib"
@@ -36,7 +37,7 @@ def _package(root: Path, sources: dict[str, str]) -> None:
 @pytest.mark.parametrize(("command", "function"), [("tagging", "train"), ("writeback", "pipeline"),
                                                    ("provenance", None)])
 def test_cached_walk_gives_the_parsed_walks_files(tmp_path, command, function):
-    module = f"encoder_study.commands.{command}"
+    module = cli.COMMANDS[command]
     cache = tmp_path / "deps.json"
     parsed = deps.code_files(LIB, module, function)
     assert fresh_walk(LIB, module, function, cache) == parsed  # fills the cache

@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from conftest import SETTINGS, TINY, runner
-from encoder_study import acquire, export, manifest, reference, runtime
 from encoder_study.core import files
+from encoder_study.encoders import reference
+from encoder_study.onnx import manifest, runtime
+from encoder_study.recipes.export import acquire, export
 
 run = runner("export")
 

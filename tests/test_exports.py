@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_runner, snakemake
-from encoder_study import exports, provenance
+from encoder_study import provenance
 from encoder_study.core import files, tables
 from encoder_study.provenance.records import read_record
+from encoder_study.recipes.export import exports
 
 SHA = {name: f"{i:064x}" for i, name in enumerate(["graph", "data", "tok", "student"], start=1)}
 

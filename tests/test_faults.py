@@ -28,16 +28,16 @@ from test_tagging_train import crash_after_saves
 from test_writeback_pipeline import finetuned
 
 from conftest import cli_runner, train_argv
-from encoder_study import writeback
 from encoder_study.core import files
 from encoder_study.core.files import CheckpointError
 from encoder_study.data import synthetic
+from encoder_study.encoders.trainable import harness
+from encoder_study.encoders.trainable.words import TrainableEncoder
 from encoder_study.provenance import artefacts
-from encoder_study.student import StudentError, distill
-from encoder_study.tagging import pipeline
-from encoder_study.tagging.tagger import Tagger
-from encoder_study.trainable import harness
-from encoder_study.trainable.words import TrainableEncoder
+from encoder_study.recipes import writeback
+from encoder_study.recipes.student import StudentError, distill
+from encoder_study.recipes.tagging import pipeline
+from encoder_study.recipes.tagging.tagger import Tagger
 
 tagging = cli_runner("tagging")
 student = cli_runner("student")

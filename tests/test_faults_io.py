@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, cli_runner, copy_workflow, runner, snakemake, snakemake_each, train_argv
-from encoder_study import acquire, provenance
+from encoder_study import provenance
 from encoder_study.core import download, files
 from encoder_study.data import conllu, fetch, synthetic
 from encoder_study.provenance import recorded
 from encoder_study.provenance.verify import HashCache
+from encoder_study.recipes.export import acquire
 
 TINY_SPEC = '{"source": "tiny", "architecture": "config/models/bert-tiny.json", "seed": 0}'
 
@@ -160,7 +161,7 @@ def test_a_full_disk_during_a_download_names_the_destination(tmp_path, monkeypat
 
 
 def test_a_write_error_without_a_file_name_names_the_commands_outputs(tmp_path, monkeypatch, capsys):
-    from encoder_study import export
+    from encoder_study.recipes.export import export
 
     def fail(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

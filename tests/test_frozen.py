@@ -16,10 +16,9 @@ import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors
 
 from conftest import TINY
-from encoder_study import manifest, runtime
 from encoder_study.core import files
-from encoder_study.frozen import EncoderError, FrozenEncoder
-from encoder_study.tokens import (
+from encoder_study.encoders.frozen import EncoderError, FrozenEncoder
+from encoder_study.encoders.tokens import (
     Doc,
     DocPieces,
     PieceTokenizer,
@@ -29,6 +28,7 @@ from encoder_study.tokens import (
     nearest_windows,
     word_pieces,
 )
+from encoder_study.onnx import manifest, runtime
 
 SENTENCES = [
     "The bank's record runs fast , but time flies like an arrow .",
@@ -225,7 +225,7 @@ def test_pooling_gives_a_plain_loop_s_bytes():
 
 
 def plain_prepare(tok: PieceTokenizer, doc: Doc, max_length: int) -> DocPieces:
-    """One document as encoder_study.tokens' docstring describes it, step by step on its own: the
+    """One document as encoder_study.encoders.tokens' docstring describes it, step by step on its own: the
     reference for prepare_joined (and prepare_many, cut from it)."""
     ids, offsets = tok.encode(doc.text)
     windows = cut_windows(len(ids), tok.window_size(max_length))
@@ -658,5 +658,5 @@ def test_bad_arguments_are_refused(tiny_exports):
         with pytest.raises(ValueError, match=f"{name} must be a positive integer, got 0"):
             FrozenEncoder(model_dir, **{name: 0})
     encoder = FrozenEncoder(model_dir)
-    with pytest.raises(TypeError, match="FrozenEncoder takes encoder_study.tokens.Doc, got str"):
+    with pytest.raises(TypeError, match="FrozenEncoder takes encoders.tokens.Doc, got str"):
         encoder(["a sentence"])

@@ -10,8 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from conftest import TINY
-from encoder_study import manifest
-from encoder_study.onnx import fusion
+from encoder_study.onnx import fusion, manifest
 
 
 def run(path, ids, mask) -> np.ndarray:

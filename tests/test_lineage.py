@@ -285,7 +285,7 @@ def test_a_file_the_job_checks_against_a_hash_is_an_input(tmp_path, monkeypatch)
 
 
 def test_a_verified_export_is_an_input_with_its_manifest(tmp_path, monkeypatch):
-    from encoder_study import manifest
+    from encoder_study.onnx import manifest
 
     monkeypatch.chdir(tmp_path)
     export = Path("results/models/m")

@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from encoder_study import manifest, runtime
 from encoder_study.core.errors import UserError
-from encoder_study.onnx import checked_export
+from encoder_study.onnx import checked_export, manifest, runtime
 
 
 class Refused(UserError):

@@ -17,7 +17,7 @@ import yaml
 
 from conftest import ROOT, snakemake
 from encoder_study import cli
-from encoder_study.student import StudentError, data, distill
+from encoder_study.recipes.student import StudentError, data, distill
 
 PAPER = ROOT / "config" / "paper.yaml"
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from conftest import TINY, runner
-from encoder_study import compare, parity, parity_tables
 from encoder_study.core import tables
 from encoder_study.core.errors import UserError
+from encoder_study.encoders import compare
+from encoder_study.recipes.parity import parity, parity_tables
 
 run = runner("parity")
 

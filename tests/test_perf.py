@@ -11,9 +11,10 @@ import torch
 from torch.nn.attention import SDPBackend
 from torch.utils.flop_counter import FlopCounterMode
 
-from encoder_study import manifest, perf, trainable
 from encoder_study.core import machine
-from encoder_study.trainable import common
+from encoder_study.encoders import perf, trainable
+from encoder_study.encoders.trainable import common
+from encoder_study.onnx import manifest
 
 
 @pytest.mark.parametrize("name", ["bert-tiny", "xlmr-tiny", "modernbert-tiny"])

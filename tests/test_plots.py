@@ -1,4 +1,5 @@
-"""The study's plots (`encoder_study.plots`: one style, byte-identical PNGs) and the tables they draw: the
+"""The study's plots (`encoder_study.core.plots`: one style, byte-identical PNGs) and the tables they
+draw: the
 forest plots of scores and comparisons, per-tag accuracy of the best runs, latency and write-back speed.
 
 Offline and model-free: a hand-written two-sentence treebank and predictions chosen word by word.
@@ -11,11 +12,11 @@ import json
 import pytest
 
 from conftest import runner
-from encoder_study import parity_tables, plots
-from encoder_study.core import tables
+from encoder_study.core import plots, tables
 from encoder_study.data import conllu
-from encoder_study.tagging import evaluate, figures, gather, splits
-from encoder_study.writeback import speed
+from encoder_study.recipes.parity import parity_tables
+from encoder_study.recipes.tagging import evaluate, figures, gather, splits
+from encoder_study.recipes.writeback import speed
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from encoder_study import manifest, provenance, runtime
-from encoder_study.frozen import FrozenEncoder
+from encoder_study import provenance
+from encoder_study.encoders.frozen import FrozenEncoder
+from encoder_study.onnx import manifest, runtime
 
 
 def fake_nvidia_smi(tmp_path, monkeypatch, script: str) -> None:

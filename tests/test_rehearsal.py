@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from conftest import ROOT, cli_runner
-from encoder_study import provenance, rehearsal
+from encoder_study import provenance
 from encoder_study.provenance.records import read_record
-from encoder_study.rehearsal import resources as rehearsal_resources
-from encoder_study.student import data
+from encoder_study.recipes import rehearsal
+from encoder_study.recipes.rehearsal import resources as rehearsal_resources
+from encoder_study.recipes.student import data
 
 PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text(encoding="utf-8"))
 REHEARSAL = yaml.safe_load((ROOT / "config/rehearsal.yaml").read_text(encoding="utf-8"))
@@ -63,7 +64,7 @@ def test_full_size_architecture_files_have_the_real_shapes(name):
     import torch
     from transformers import AutoConfig, AutoModel
 
-    from encoder_study import tiny
+    from encoder_study.encoders import tiny
 
     arch = tiny.read_architecture(ROOT / "config/models" / name)
     tok = tiny.tokenizer(arch)

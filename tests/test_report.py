@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from encoder_study import report_facts, report_landing
+from encoder_study.report import facts as report_facts
+from encoder_study.report import landing as report_landing
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "workflow" / "rules"
@@ -55,7 +56,7 @@ def test_report_pages_have_captions_that_exist():
 
 
 def test_html_rendering_joins_intervals_and_keeps_the_digits():
-    from encoder_study import report_html
+    from encoder_study.report import html as report_html
 
     md = ("| run | UPOS | 95% CI | tokens |\n| --- | ---: | ---: | ---: |\n"
           "| a\\|b | 97.07 | [96.79, 97.35] | 1,953 |\n\nTreebank: synthetic.\n")
@@ -72,8 +73,8 @@ def test_html_rendering_joins_intervals_and_keeps_the_digits():
     ("| a | b |\n| --- | --- |\n| 1 |\n", "line 3 has 1 cells, the header 2"),
 ])
 def test_html_rendering_names_a_bad_table(md, message):
-    from encoder_study import report_html
     from encoder_study.core import errors
+    from encoder_study.report import html as report_html
 
     with pytest.raises(errors.UserError, match=message):
         report_html.render(md, "t", "results/t.md")

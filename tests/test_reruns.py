@@ -111,24 +111,25 @@ def test_readers_and_downloads_rerun_no_computing_job(small_workflow):
     """verify, explain, the crate, the report: no job that computes runs them; the download code fetches
     bytes that its pin fixes (deps.FETCHING), so the shared run's treebank and texts are not fetched again."""
     readers = ["provenance/verify.py", "provenance/lineage.py", "provenance/crate.py", "provenance/join.py",
-               "provenance/records.py", "report_landing.py", "report_html.py", "report_facts.py",
-               "core/download.py", "data/fetch.py", "tagging/spacy_fetch.py"]
+               "provenance/records.py", "report/landing.py", "report/html.py", "report/facts.py",
+               "core/download.py", "data/fetch.py", "recipes/tagging/spacy_fetch.py"]
     with edited(small_workflow, dict.fromkeys(readers, module_statement)):
         jobs = planned(small_workflow)
     assert jobs and computing(jobs) == set()  # the crate, joins and pages do rerun
 
 
 def test_the_parity_selection_does_not_redistil_the_student(small_workflow):
-    with edited(small_workflow, {"data/selection.py": in_function("select_texts")}):
+    with edited(small_workflow, {"recipes/parity/selection.py": in_function("select_texts")}):
         jobs = computing(planned(small_workflow))
     assert "parity_select" in jobs and "parity_compare" in jobs
     assert not jobs & {"student_distill", "tagging_train", "export_model"}
 
 
 def test_a_change_to_attention_reruns_the_jobs_that_run_it_and_what_reads_them(small_workflow):
-    """trainable.common.attention runs in the trainable rebuild: parity, fine-tuning, the student, and
-    the write-back that reads the fine-tuned runs; not the exports, the frozen probes' data, spaCy."""
-    with edited(small_workflow, {"trainable/common.py": in_function("attention")}):
+    """encoders.trainable.common.attention runs in the trainable rebuild: parity, fine-tuning, the
+    student, and the write-back that reads the fine-tuned runs; not the exports, the frozen probes' data,
+    spaCy."""
+    with edited(small_workflow, {"encoders/trainable/common.py": in_function("attention")}):
         jobs = computing(planned(small_workflow))
     assert {"parity_compare", "tagging_train", "tagging_step_time", "student_distill",
             "writeback_pipeline", "writeback_agreement"} <= jobs
@@ -137,8 +138,9 @@ def test_a_change_to_attention_reruns_the_jobs_that_run_it_and_what_reads_them(s
 
 
 def test_a_real_change_names_the_file_and_what_changed(small_workflow):
-    with edited(small_workflow, {"trainable/common.py": in_function("attention")}):
+    with edited(small_workflow, {"encoders/trainable/common.py": in_function("attention")}):
         result = snakemake("-n", "all", cwd=small_workflow)
     out = result.stdout + result.stderr
-    assert "code changed: workflow/lib/encoder_study/trainable/common.py: attention" in out
-    assert f"{STAMPS}/encoder_study/trainable/common.py.json" in out  # Snakemake's reason names the stamp
+    assert "code changed: workflow/lib/encoder_study/encoders/trainable/common.py: attention" in out
+    # Snakemake's reason names the stamp.
+    assert f"{STAMPS}/encoder_study/encoders/trainable/common.py.json" in out

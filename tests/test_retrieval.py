@@ -16,13 +16,14 @@ import pytest
 import torch
 
 from conftest import cli_runner
-from encoder_study import reference, runtime
 from encoder_study.core import files, tables
-from encoder_study.manifest import CONFIG_FILE, ONNX_FILE, TOKENIZER_FILE
-from encoder_study.retrieval import OUTPUTS, RetrievalError, check, flagembedding, graph
-from encoder_study.retrieval import export as retrieval
-from encoder_study.retrieval.cases import max_length, parity_cases
-from encoder_study.retrieval.heads import (
+from encoder_study.encoders import reference
+from encoder_study.onnx import runtime
+from encoder_study.onnx.manifest import CONFIG_FILE, ONNX_FILE, TOKENIZER_FILE
+from encoder_study.recipes.retrieval import OUTPUTS, RetrievalError, check, flagembedding, graph
+from encoder_study.recipes.retrieval import export as retrieval
+from encoder_study.recipes.retrieval.cases import max_length, parity_cases
+from encoder_study.recipes.retrieval.heads import (
     COLBERT_FILE,
     HEAD_FILES,
     SPARSE_FILE,
@@ -31,7 +32,7 @@ from encoder_study.retrieval.heads import (
     random_heads,
     save_heads,
 )
-from encoder_study.retrieval.verify import verify
+from encoder_study.recipes.retrieval.verify import verify
 
 # What the rules pass from the config (config/config.yaml's retrieval section).
 SETTINGS = retrieval.Settings(opset=18, tolerance=1e-4, threads=1, ort_optimization="basic",

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from encoder_study.core import tables
+from encoder_study.encoders.tokens import PieceTokenizer
 from encoder_study.provenance import artefacts
-from encoder_study.student import StudentError, architecture, data, distill, objective
-from encoder_study.tokens import PieceTokenizer
+from encoder_study.recipes.student import StudentError, architecture, data, distill, objective
 
 ROOT = Path(__file__).resolve().parents[1]
 TATOEBA = ROOT / "config" / "texts" / "tatoeba_sample.tsv"
@@ -333,7 +333,7 @@ def test_a_run_resumed_after_a_crash_gives_the_uninterrupted_weights_bit_for_bit
 _RANK = """
 import json, os
 import torch.distributed as dist
-from encoder_study.student import data, distill
+from encoder_study.recipes.student import data, distill
 args = json.loads(os.environ["DISTILL_TEST"])
 docs = data.embedded_documents(args["tatoeba"], args["udhr"])
 right = distill.shard

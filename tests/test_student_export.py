@@ -15,17 +15,18 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from encoder_study import manifest, trainable, writeback
-from encoder_study.frozen import FrozenEncoder
-from encoder_study.onnx import patch
-from encoder_study.student import StudentError
-from encoder_study.student import export as student_export
-from encoder_study.student import parity as student_parity
-from encoder_study.student import reference as student_reference
-from encoder_study.student.architecture import StudentConfig, build, parameter_count
-from encoder_study.tokens import Doc
-from encoder_study.trainable import GraphError
-from encoder_study.trainable.words import TrainableEncoder
+from encoder_study.encoders import trainable
+from encoder_study.encoders.frozen import FrozenEncoder
+from encoder_study.encoders.tokens import Doc
+from encoder_study.encoders.trainable import GraphError
+from encoder_study.encoders.trainable.words import TrainableEncoder
+from encoder_study.onnx import manifest, patch
+from encoder_study.recipes import writeback
+from encoder_study.recipes.student import StudentError
+from encoder_study.recipes.student import export as student_export
+from encoder_study.recipes.student import parity as student_parity
+from encoder_study.recipes.student import reference as student_reference
+from encoder_study.recipes.student.architecture import StudentConfig, build, parameter_count
 
 SMALL = StudentConfig(layers=2, width=32, heads=4, intermediate=64, embedding_width=8, max_positions=64)
 STUDY = {"layers": 6, "width": 384, "heads": 12, "intermediate": 1536, "embedding_width": 96,

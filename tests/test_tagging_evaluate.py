@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from encoder_study.tagging import evaluate as ev
-from encoder_study.tagging import figures
+from encoder_study.recipes.tagging import evaluate as ev
+from encoder_study.recipes.tagging import figures
 
 Z = stats.norm.ppf(0.975)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from conftest import runner, train_argv
-from encoder_study import writeback
 from encoder_study.core import tables
 from encoder_study.data import conllu, synthetic
-from encoder_study.tagging import pipeline, predict, runs
-from encoder_study.tagging.tagger import word_batches
-from encoder_study.tokens import Doc
+from encoder_study.encoders.tokens import Doc
+from encoder_study.recipes import writeback
+from encoder_study.recipes.tagging import pipeline, predict, runs
+from encoder_study.recipes.tagging.tagger import word_batches
 
 SIZES = {"train": 60, "dev": 20, "test": 20}
 EVAL_BATCH_WORDS = 30  # small: a split is tagged in several groups, which the reading batches must not move

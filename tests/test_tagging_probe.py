@@ -16,17 +16,17 @@ import scipy.optimize
 import torch
 import yaml
 
-from encoder_study.commands import tagging as command
 from encoder_study.core import files
 from encoder_study.data import conllu, synthetic
 from encoder_study.data.conllu import UPOS
-from encoder_study.frozen import FrozenEncoder
+from encoder_study.encoders.frozen import FrozenEncoder
+from encoder_study.encoders.trainable import harness
+from encoder_study.encoders.trainable.words import TrainableEncoder
 from encoder_study.provenance import artefacts
-from encoder_study.tagging import train as training
-from encoder_study.tagging.tagger import Tagger
-from encoder_study.tagging.train import CheckpointError, TrainingError, TrainSettings, train
-from encoder_study.trainable import harness
-from encoder_study.trainable.words import TrainableEncoder
+from encoder_study.recipes.tagging import command
+from encoder_study.recipes.tagging import train as training
+from encoder_study.recipes.tagging.tagger import Tagger
+from encoder_study.recipes.tagging.train import CheckpointError, TrainingError, TrainSettings, train
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"train": 60, "dev": 20, "test": 20}

@@ -1,4 +1,4 @@
-"""spaCy runs (encoder_study.tagging.spacy): the treebank's words as spaCy documents (multiword tokens
+"""spaCy runs (encoder_study.recipes.tagging.spacy): the treebank's words as spaCy documents (multiword tokens
 as their words), tags from token.pos_, a tiny deterministic training from the committed config, a
 published pipeline's wheel (fetched, checked, unpacked), and the run in the scores and comparisons."""
 
@@ -14,12 +14,13 @@ from spacy.language import Language
 from spacy.util import load_config
 
 from conftest import ROOT, cli_runner, runner, snakemake_each
+from encoder_study import cli
 from encoder_study.core import download, files, tables
 from encoder_study.data import conllu
 from encoder_study.data.synthetic import write_synthetic
 from encoder_study.provenance import deps
-from encoder_study.tagging import baseline, gather, spacy_fetch
-from encoder_study.tagging import spacy as spacy_tagger
+from encoder_study.recipes.tagging import baseline, gather, spacy_fetch
+from encoder_study.recipes.tagging import spacy as spacy_tagger
 
 MWT = """\
 # sent_id = s1
@@ -276,19 +277,21 @@ def test_the_configs_plan_the_spacy_runs():
 
 
 # The encoders and the training of a tagger: the spaCy runs use none of it.
-ENCODER_CODE = ("tagging/runs.py", "tagging/train.py", "tagging/tagger.py", "tagging/pipeline.py",
-                "frozen.py", "runtime.py", "tokens.py")
+ENCODER_CODE = ("recipes/tagging/runs.py", "recipes/tagging/train.py", "recipes/tagging/tagger.py",
+                "recipes/tagging/pipeline.py", "encoders/frozen.py", "onnx/runtime.py", "encoders/tokens.py")
 
 
-@pytest.mark.parametrize("command, own", [("spacy", "tagging/spacy.py"), ("baseline", "tagging/baseline.py"),
-                                          ("tables", "tagging/gather.py"), ("per_tag", "tagging/gather.py")])
+@pytest.mark.parametrize("command, own", [("spacy", "recipes/tagging/spacy.py"),
+                                          ("baseline", "recipes/tagging/baseline.py"),
+                                          ("tables", "recipes/tagging/gather.py"),
+                                          ("per_tag", "recipes/tagging/gather.py")])
 def test_the_runs_without_an_encoder_and_the_tables_hold_no_encoder_code(command, own):
     """The rule's code inputs are what the command reaches (deps.code_files): the run's own modules and
     the scoring it shares with every run, so that editing an encoder or its training reruns neither the
     runs that use no encoder (spaCy, the baseline) nor the tables (they read what the runs wrote)."""
     lib = ROOT / "workflow/lib/encoder_study"
     found = {Path(p).relative_to(lib).as_posix()
-             for p in deps.code_files(ROOT / "workflow/lib", "encoder_study.commands.tagging", command)}
-    assert {own, "tagging/splits.py", "tagging/evaluate.py", "data/conllu.py"} <= found
+             for p in deps.code_files(ROOT / "workflow/lib", cli.COMMANDS["tagging"], command)}
+    assert {own, "recipes/tagging/splits.py", "recipes/tagging/evaluate.py", "data/conllu.py"} <= found
     assert not found & set(ENCODER_CODE), found & set(ENCODER_CODE)
-    assert not [p for p in found if p.startswith(("trainable/", "onnx/", "student/"))], found
+    assert not [p for p in found if p.startswith(("encoders/", "onnx/", "recipes/student/"))], found

@@ -16,16 +16,15 @@ import pytest
 import torch
 
 from conftest import runner, train_argv
-from encoder_study.commands import tagging as command
 from encoder_study.core import files
 from encoder_study.data import conllu, synthetic
-from encoder_study.frozen import FrozenEncoder
-from encoder_study.tagging import evaluate, pipeline, runs
-from encoder_study.tagging import splits as runs_splits
-from encoder_study.tagging.steptime import COLUMNS, IMPLEMENTATIONS, StepTimeError, step_time
-from encoder_study.tagging.tagger import Tagger, word_batches
-from encoder_study.tagging.train import CheckpointError, TrainingError, TrainSettings, train
-from encoder_study.trainable.words import TrainableEncoder
+from encoder_study.encoders.frozen import FrozenEncoder
+from encoder_study.encoders.trainable.words import TrainableEncoder
+from encoder_study.recipes.tagging import command, evaluate, pipeline, runs
+from encoder_study.recipes.tagging import splits as runs_splits
+from encoder_study.recipes.tagging.steptime import COLUMNS, IMPLEMENTATIONS, StepTimeError, step_time
+from encoder_study.recipes.tagging.tagger import Tagger, word_batches
+from encoder_study.recipes.tagging.train import CheckpointError, TrainingError, TrainSettings, train
 
 SIZES = {"train": 60, "dev": 20, "test": 20}
 # The settings a test does not choose (the library has no defaults; the config schema holds the workflow's).

@@ -11,9 +11,11 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from encoder_study import export, manifest, reference, runtime, trainable
-from encoder_study.trainable import GraphError, modernbert
-from encoder_study.trainable.common import score_bias
+from encoder_study.encoders import reference, trainable
+from encoder_study.encoders.trainable import GraphError, modernbert
+from encoder_study.encoders.trainable.common import score_bias
+from encoder_study.onnx import manifest, runtime
+from encoder_study.recipes.export import export
 
 TOLERANCE = {"bert-tiny": 2e-5, "xlmr-tiny": 2e-5, "modernbert-tiny": 2e-5, "minilm": 1e-4}
 

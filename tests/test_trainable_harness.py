@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from encoder_study.core import files
+from encoder_study.encoders.trainable import harness
+from encoder_study.encoders.trainable.harness import TrainingError
 from encoder_study.provenance import artefacts
-from encoder_study.trainable import harness
-from encoder_study.trainable.harness import TrainingError
 
 
 def test_resolve_device(monkeypatch):

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from conftest import TINY
-from encoder_study import manifest, trainable
-from encoder_study.frozen import EncoderError, FrozenEncoder
-from encoder_study.tokens import Doc
-from encoder_study.trainable.words import CHECKPOINT_FORMAT, TrainableEncoder, plan_batches
+from encoder_study.encoders import trainable
+from encoder_study.encoders.frozen import EncoderError, FrozenEncoder
+from encoder_study.encoders.tokens import Doc
+from encoder_study.encoders.trainable.words import CHECKPOINT_FORMAT, TrainableEncoder, plan_batches
+from encoder_study.onnx import manifest
 
 TOLERANCE = {"bert-tiny": 2e-5, "xlmr-tiny": 2e-5, "modernbert-tiny": 2e-5, "minilm": 1e-4}
 SENTENCES = [
@@ -285,7 +286,7 @@ def test_bad_arguments_are_refused(exports, tmp_path):
         TrainableEncoder(directory, max_length=3)
     with pytest.raises(EncoderError, match="not a directory"):
         TrainableEncoder(tmp_path / "missing")
-    with pytest.raises(TypeError, match="takes encoder_study.tokens.Doc, got str"):
+    with pytest.raises(TypeError, match="takes encoders.tokens.Doc, got str"):
         TrainableEncoder(directory)(["a text"])
     with pytest.raises(ValueError, match="only for family 'modernbert'"):
         TrainableEncoder(directory, global_rope_theta=10000.0)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, snakemake, snakemake_each
+from encoder_study import cli
 from encoder_study.provenance import deps
 
 BAD_CONFIGS = {
@@ -120,16 +121,18 @@ def test_lib_code_of_a_subcommand_is_what_its_function_reaches(tmp_path):
 
 
 # Code that has nothing to do with training a tagger: editing any of it must not retrain one.
-NOT_TAGGING = ("parity.py", "parity_tables.py", "export.py", "acquire.py", "tiny.py", "onnx/patch.py",
-               "writeback.py", "compare.py", "retrieval/export.py", "student/distill.py", "data/synthetic.py",
-               "tagging/steptime.py", "commands/parity.py")
+NOT_TAGGING = ("recipes/parity/parity.py", "recipes/parity/parity_tables.py", "recipes/export/export.py",
+               "recipes/export/acquire.py", "encoders/tiny.py", "onnx/patch.py",
+               "recipes/writeback/__init__.py", "encoders/compare.py", "recipes/retrieval/export.py",
+               "recipes/student/distill.py", "data/synthetic.py", "recipes/tagging/steptime.py",
+               "recipes/parity/command.py")
 
 
 @pytest.mark.parametrize("subcommand", ["train", "baseline", "tables"])
 def test_a_tagger_does_not_depend_on_unrelated_code(subcommand):
     files = {Path(p).relative_to(ROOT / "workflow/lib/encoder_study").as_posix()
-             for p in deps.code_files(ROOT / "workflow/lib", "encoder_study.commands.tagging", subcommand)}
-    assert "commands/tagging.py" in files
+             for p in deps.code_files(ROOT / "workflow/lib", cli.COMMANDS["tagging"], subcommand)}
+    assert "recipes/tagging/command.py" in files
     assert not files & set(NOT_TAGGING), files & set(NOT_TAGGING)
 
 
@@ -150,8 +153,8 @@ def test_readme_recipes_are_rule_files_commands_and_targets(dry_runs):
     assert recipes == ["export", "parity", "student", "tagging", "writeback", "retrieval"]
     for recipe in recipes:
         assert (ROOT / f"workflow/rules/{recipe}.smk").is_file(), recipe
-        assert cli.COMMANDS[recipe] == f"encoder_study.commands.{recipe}"
-        assert (ROOT / f"workflow/lib/encoder_study/commands/{recipe}.py").is_file(), recipe
+        assert cli.COMMANDS[recipe] == f"encoder_study.recipes.{recipe}.command"
+        assert (ROOT / f"workflow/lib/encoder_study/recipes/{recipe}/command.py").is_file(), recipe
         rules = (ROOT / f"workflow/rules/{recipe}.smk").read_text()
         assert f"\nrule {recipe}:\n" in rules, f"{recipe}.smk has no target rule named {recipe}"
         names = [line.split()[1].rstrip(":") for line in rules.splitlines()
@@ -348,7 +351,7 @@ def test_verify_passes_then_catches_a_changed_output(small_workflow):
 # describing the export jobs' earlier fragments, as verify would then say.
 def test_changing_a_package_module_reruns_its_users(small_workflow):
     # A code input is the module's code stamp (docs/reruns.md): a comment reruns nothing, code does.
-    module = small_workflow / "workflow/lib/encoder_study/manifest.py"
+    module = small_workflow / "workflow/lib/encoder_study/onnx/manifest.py"
     module.write_text(module.read_text() + "\n_EDITED = True  # an edit\n")
     result = snakemake("-n", "--cores", "2", "all", cwd=small_workflow)
     out = result.stdout

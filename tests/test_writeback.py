@@ -14,9 +14,10 @@ import torch
 from onnx import numpy_helper
 
 from conftest import TINY
-from encoder_study import manifest, reference, runtime, trainable, writeback
-from encoder_study.onnx import names, patch
+from encoder_study.encoders import reference, trainable
+from encoder_study.onnx import manifest, names, patch, runtime
 from encoder_study.onnx.patch import WritebackError
+from encoder_study.recipes import writeback
 
 FAMILIES = [*TINY, "minilm"]  # the tiny families and a real pretrained BERT
 

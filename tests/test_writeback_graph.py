@@ -12,16 +12,16 @@ import pytest
 import torch
 from onnx import helper, numpy_helper
 
-from encoder_study import manifest, writeback
-from encoder_study.onnx import names, patch
+from encoder_study.encoders.tokens import Doc
+from encoder_study.encoders.trainable.words import TrainableEncoder
+from encoder_study.onnx import manifest, names, patch
 from encoder_study.onnx.patch import WritebackError
-from encoder_study.tagging import graph as tagging_graph
-from encoder_study.tagging import pipeline
-from encoder_study.tagging.graph import GraphTagger
-from encoder_study.tagging.tagger import Tagger
-from encoder_study.tokens import Doc
-from encoder_study.trainable.words import TrainableEncoder
-from encoder_study.writeback import speed
+from encoder_study.recipes import writeback
+from encoder_study.recipes.tagging import graph as tagging_graph
+from encoder_study.recipes.tagging import pipeline
+from encoder_study.recipes.tagging.graph import GraphTagger
+from encoder_study.recipes.tagging.tagger import Tagger
+from encoder_study.recipes.writeback import speed
 
 TEXTS = ["The bank of the river floods .", "Příliš žluťoučký kůň úpěl ďábelské ódy .",
          "Съешь же ещё этих мягких французских булок , да выпей чаю .", "a", "日本語のテキスト 한국어 문장 ."]
@@ -32,8 +32,8 @@ def student_dir(tiny_exports, tmp_path_factory):
     """A distilled student's export (its own layout: every weight named, linear weights [in, out])."""
     from tokenizers import Tokenizer
 
-    from encoder_study.student import export as student_export
-    from encoder_study.student.architecture import StudentConfig, build
+    from encoder_study.recipes.student import export as student_export
+    from encoder_study.recipes.student.architecture import StudentConfig, build
 
     teacher = tiny_exports["bert-tiny"]
     vocab = Tokenizer.from_file(str(teacher / manifest.TOKENIZER_FILE)).get_vocab_size(with_added_tokens=True)
@@ -284,7 +284,7 @@ def _windows(*lengths_of_docs):
 def test_piece_batches_group_as_the_trainable_encoder_plans():
     """One-window documents: the grouping trainable.words.plan_batches makes of their lengths; a
     document's windows stay together, and one over the budget runs alone."""
-    from encoder_study.trainable.words import plan_batches
+    from encoder_study.encoders.trainable.words import plan_batches
 
     rng = np.random.default_rng(0)
     for budget in (16, 40, 100, 10_000):
@@ -300,7 +300,7 @@ def test_piece_batches_group_as_the_trainable_encoder_plans():
 
 
 def test_the_piece_table_lists_each_words_pieces_in_order():
-    from encoder_study.tokens import WordPieces
+    from encoder_study.encoders.tokens import WordPieces
 
     words = WordPieces(4, np.array([0, 0, 0, 2, 3, 3]), np.array([0, 1, 2, 2, 3, 4]))
     rows = np.array([10, 11, 12, 20, 21])

@@ -15,17 +15,17 @@ import pytest
 import torch
 
 from conftest import runner
-from encoder_study import writeback
 from encoder_study.core import files
 from encoder_study.data import conllu, synthetic
-from encoder_study.frozen import FrozenEncoder
+from encoder_study.encoders.frozen import FrozenEncoder
+from encoder_study.encoders.trainable.words import TrainableEncoder
 from encoder_study.onnx import names, patch
 from encoder_study.provenance import artefacts
-from encoder_study.tagging import pipeline
-from encoder_study.tagging.graph import GraphTagger
-from encoder_study.tagging.tagger import Tagger
-from encoder_study.trainable.words import TrainableEncoder
-from encoder_study.writeback import checks
+from encoder_study.recipes import writeback
+from encoder_study.recipes.tagging import pipeline
+from encoder_study.recipes.tagging.graph import GraphTagger
+from encoder_study.recipes.tagging.tagger import Tagger
+from encoder_study.recipes.writeback import checks
 
 GRAPH = "pipeline.encoder0.onnx"
 

@@ -1,6 +1,6 @@
 # Recipe `benchmarks` (not part of `all`): one exported model's paths timed against the machine's
 # matrix-multiply rate and against their references. Command: `encoder-study benchmarks encoders`
-# (encoder_study.commands.benchmarks). Library: encoder_study.benchmarks, encoder_study.perf.
+# (encoder_study.recipes.benchmarks.command). Library: encoder_study.recipes.benchmarks.benchmarks, encoder_study.encoders.perf.
 
 BENCHMARKS = config["benchmarks"]
 

@@ -10,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 
 # The dependency walker and these constants use the standard library only: they import in any environment.
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "lib"))
+from encoder_study.cli import COMMANDS
 from encoder_study.data import SPLITS as TREEBANK_SPLITS
 from encoder_study.provenance.deps import code_files, code_stamp
 from encoder_study.core.files import local_path
@@ -54,7 +55,7 @@ def lib_code(command, subcommand=None):
     code of any (not to its comments, layout or docstrings) reruns the rule, and the reason names it."""
     function = subcommand.replace("-", "_") if subcommand else None
     stamps = []
-    for source in code_files(LIB_ROOT, f"encoder_study.commands.{command}", function, cache=DEPS_CACHE):
+    for source in code_files(LIB_ROOT, COMMANDS[command], function, cache=DEPS_CACHE):
         stamp, changed = code_stamp(source, CODE_STAMPS, LIB_ROOT, DEPS_CACHE)
         if changed:  # said once, when the edit is first seen (the stamp keeps the list)
             print(f"code changed: {source}: {', '.join(changed)} (stamp {stamp})", file=sys.stderr)

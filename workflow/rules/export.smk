@@ -1,7 +1,7 @@
 # Recipe `export`: every configured model acquired (Hub, wheel, tiny, local) and exported to ONNX
 # with its export.json manifest. Command: `encoder-study export acquire|model`
-# (encoder_study.commands.export). Library: encoder_study.acquire, encoder_study.export,
-# encoder_study.manifest.
+# (encoder_study.recipes.export.command). Library: encoder_study.recipes.export.acquire, encoder_study.recipes.export.export,
+# encoder_study.onnx.manifest.
 
 
 rule export_acquire:
@@ -86,7 +86,7 @@ rule export_table:
         markdown="results/models/exports.md",
         prov=prov("export", "export_table"),
     params:
-        # retrieval.json: encoder_study.retrieval.MANIFEST
+        # retrieval.json: encoder_study.recipes.retrieval.MANIFEST
         manifests=lambda wc, input: input.manifests[:-1] + [os.path.join(input.manifests[-1], "retrieval.json")],
     log:
         "logs/export/export_table.log",

@@ -1,7 +1,7 @@
 # Recipe `parity`: the selected texts, ONNX Runtime against PyTorch token by token, and latency side by
 # side. Command: `encoder-study parity fetch|select|compare|latency|table`
-# (encoder_study.commands.parity). Library: encoder_study.data.selection (the selection),
-# encoder_study.parity (one model's rows), encoder_study.parity_tables (the tables).
+# (encoder_study.recipes.parity.command). Library: encoder_study.recipes.parity.selection (the selection),
+# encoder_study.recipes.parity.parity (one model's rows), encoder_study.recipes.parity.parity_tables (the tables).
 
 
 rule parity_fetch:

@@ -1,7 +1,7 @@
 # Each recipe's fragments joined into provenance/<recipe>/PROVENANCE.md, the run crate and its digest,
 # and `verify`, which re-hashes every file the fragments and the crate name. Rule file
 # workflow/rules/provenance.smk; command `encoder-study provenance join|verify|crate`
-# (encoder_study.commands.provenance); libraries encoder_study.provenance and encoder_study.provenance.crate.
+# (encoder_study.provenance.command); libraries encoder_study.provenance and encoder_study.provenance.crate.
 import time
 
 

@@ -3,8 +3,8 @@
 # rule's measured peak memory and time beside its `resources` (results/rehearsal/resources.csv), and
 # refuses a mem_mb below its peak. Rule file workflow/rules/rehearsal.smk (included by the Snakefile after
 # common.smk, before the rule files that read the sources, when rehearsal.enabled); command
-# `encoder-study rehearsal streams|resources` (encoder_study.commands.rehearsal); library
-# encoder_study.rehearsal.
+# `encoder-study rehearsal streams|resources` (encoder_study.recipes.rehearsal.command); library
+# encoder_study.recipes.rehearsal.
 
 REHEARSAL = config["rehearsal"]
 REHEARSAL_STREAMS = "results/rehearsal/streams"

@@ -7,8 +7,8 @@
 # - the landing page (the workflow's description, workflow/report/workflow.rst, includes
 #   results/report/landing.rst): the study in three sentences, the headline tables, the run's digest,
 #   commit and config files.
-# Command: `encoder-study report table|settings|landing` (encoder_study.commands.report). Libraries:
-# encoder_study.report_html, report_facts, report_landing. Presentation only: no provenance fragment (the
+# Command: `encoder-study report table|settings|landing` (encoder_study.report.command). Libraries:
+# encoder_study.report.html, report_facts, report_landing. Presentation only: no provenance fragment (the
 # fragments they read hold the numbers' provenance).
 
 

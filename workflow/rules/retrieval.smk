@@ -2,8 +2,8 @@
 # graph, checked against FlagEmbedding's BGE-M3 inference code and the project's own head code
 # (results/retrieval/parity.csv) and verified against its manifest. Rule file
 # workflow/rules/retrieval.smk; command `encoder-study retrieval heads|export|verify`
-# (encoder_study.commands.retrieval); library: the package encoder_study.retrieval. A model of the
-# recipe's own is acquired by `encoder-study export acquire` (library encoder_study.acquire), as the
+# (encoder_study.recipes.retrieval.command); library: the package encoder_study.recipes.retrieval. A model of the
+# recipe's own is acquired by `encoder-study export acquire` (library encoder_study.recipes.export.acquire), as the
 # export recipe does.
 
 RETRIEVAL = config["retrieval"]
@@ -114,7 +114,7 @@ rule retrieval_verify:
     output:
         prov=prov("retrieval", "retrieval_verify"),
     params:
-        manifest="retrieval.json",  # encoder_study.retrieval.export.MANIFEST
+        manifest="retrieval.json",  # encoder_study.recipes.retrieval.export.MANIFEST
     log:
         "logs/retrieval/retrieval_verify.log",
     conda:

@@ -3,7 +3,7 @@
 # its weights (student_parity). The tagging and write-back recipes use it as a model (model_files(STUDENT)
 # in common.smk).
 # Rule file workflow/rules/student.smk; command `encoder-study student distill|export|parity`
-# (encoder_study.commands.student); library encoder_study.student (distill, data, objective, architecture,
+# (encoder_study.recipes.student.command); library encoder_study.recipes.student (distill, data, objective, architecture,
 # export, reference, parity).
 
 

@@ -1,8 +1,8 @@
 # Recipe `tagging`: the treebank (synthetic or UD English-EWT), UPOS taggers on frozen and fine-tuned
 # encoders, the most-frequent-tag baseline, spaCy runs (an external baseline), bootstrap intervals,
 # comparisons and the step-time table.
-# Rule file workflow/rules/tagging.smk; command `encoder-study tagging` (encoder_study.commands.tagging);
-# library encoder_study.tagging (runs, baseline, gather, splits, train, tagger, evaluate, pipeline, steptime,
+# Rule file workflow/rules/tagging.smk; command `encoder-study tagging` (encoder_study.recipes.tagging.command);
+# library encoder_study.recipes.tagging (runs, baseline, gather, splits, train, tagger, evaluate, pipeline, steptime,
 # spacy) and encoder_study.data (conllu, synthetic).
 
 if config["treebank"]["source"] == "synthetic":

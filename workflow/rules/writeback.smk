@@ -3,8 +3,8 @@
 # (results/writeback/<run>/pipeline.safetensors + pipeline.encoder0.onnx), then checked against the run's
 # inline pipeline: hidden states and logits, UPOS agreement on the test split, and tagging speed.
 # Rule file workflow/rules/writeback.smk; command `encoder-study writeback`
-# (encoder_study.commands.writeback); library encoder_study.writeback (over encoder_study.onnx.patch,
-# encoder_study.onnx.names and encoder_study.tagging.pipeline).
+# (encoder_study.recipes.writeback.command); library encoder_study.recipes.writeback (over encoder_study.onnx.patch,
+# encoder_study.onnx.names and encoder_study.recipes.tagging.pipeline).
 
 WRITEBACK = config["writeback"]
 FINETUNED_RUNS = [r for r in RUN_NAMES if RUNS[r]["mode"] == "finetuned"]

@@ -1,7 +1,7 @@
 """`encoder-study <command> <subcommand> [arguments]`: one command per recipe.
 
 The table below is the whole list: recipe `tagging` is command `tagging` is module
-`encoder_study.commands.tagging` is rule file `workflow/rules/tagging.smk`. Each command module
+`encoder_study.recipes.tagging.command` is rule file `workflow/rules/tagging.smk`. Each command module
 has `parser()`, whose subcommands name the function that runs them (`set_defaults(run=...)`);
 only the chosen command's module is imported. Errors meant for the user (`errors.UserError`) are
 printed as one line with exit status 2, and so is a full disk or a place that cannot be written
@@ -23,16 +23,16 @@ from .core.errors import UserError
 OUTPUT_OPTIONS = ("out", "out_dir", "markdown", "plot", "diffs", "provenance")
 
 COMMANDS = {
-    "export": "encoder_study.commands.export",
-    "parity": "encoder_study.commands.parity",
-    "tagging": "encoder_study.commands.tagging",
-    "writeback": "encoder_study.commands.writeback",
-    "student": "encoder_study.commands.student",
-    "retrieval": "encoder_study.commands.retrieval",
-    "provenance": "encoder_study.commands.provenance",
-    "report": "encoder_study.commands.report",
-    "benchmarks": "encoder_study.commands.benchmarks",
-    "rehearsal": "encoder_study.commands.rehearsal",
+    "export": "encoder_study.recipes.export.command",
+    "parity": "encoder_study.recipes.parity.command",
+    "tagging": "encoder_study.recipes.tagging.command",
+    "writeback": "encoder_study.recipes.writeback.command",
+    "student": "encoder_study.recipes.student.command",
+    "retrieval": "encoder_study.recipes.retrieval.command",
+    "provenance": "encoder_study.provenance.command",
+    "report": "encoder_study.report.command",
+    "benchmarks": "encoder_study.recipes.benchmarks.command",
+    "rehearsal": "encoder_study.recipes.rehearsal.command",
 }
 
 

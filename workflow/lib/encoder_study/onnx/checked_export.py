@@ -1,6 +1,6 @@
 """The one checked ONNX export: trace a module, check the graph, record how, publish atomically.
 
-The model export (`encoder_study.export`), the student's (`student.export`) and the retrieval graph
+The model export (`recipes.export.export`), the student's (`student.export`) and the retrieval graph
 (`retrieval`) each give what differs: the module, its outputs, the PyTorch reference and the check's
 cases. The rest is here:
 
@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import manifest
 from ..core import files
 from ..core.errors import UserError
-from ..runtime import CHECK_TEXT, DYNAMIC_AXES, INPUTS, OUTPUT, ort_session, pad_batch
+from . import manifest
+from .runtime import CHECK_TEXT, DYNAMIC_AXES, INPUTS, OUTPUT, ort_session, pad_batch
 
 # The exporter's settings that every export shares and every manifest records.
 TRACER = {"dynamo": False, "do_constant_folding": True}

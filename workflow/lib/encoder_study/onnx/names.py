@@ -31,7 +31,7 @@ import numpy as np
 from ..core.errors import UserError
 
 ANONYMOUS = "onnx::"  # prefix of the TorchScript exporter's unnamed values
-REEXPORT = ("Export the model again with encoder_study.export (torch.onnx.export(..., dynamo=False, "
+REEXPORT = ("Export the model again with encoder_study.recipes.export (torch.onnx.export(..., dynamo=False, "
             "do_constant_folding=True) on a module that wraps the Hugging Face model).")
 # The token table of a Hugging Face encoder, after the wrapper's prefix (`model.`, `model.bert.` ...).
 TOKEN_TABLE = re.compile(r"^(.*?)embeddings\.(word|tok)_embeddings\.weight$")

@@ -10,7 +10,7 @@ after the source's last field of its kind, and nothing else changes: the tagging
 pipeline graph carries (`tagging.graph`) is appended so. `StreamedGraph(path)` reads the same index
 without writing: the graph's `names.Layout` (what names the weights, see `onnx.names`) and single
 initializers' values, so that a graph larger than memory can be named
-(encoder_study.writeback.module_weights_to_graph gives the replacements for a trainable encoder).
+(encoder_study.recipes.writeback.module_weights_to_graph gives the replacements for a trainable encoder).
 
 The reader trusts nothing: every length is checked against the bytes left in its parent before it is
 read, names are at most 4 KiB, a node larger than 64 KiB is copied without being parsed, and a message
@@ -49,7 +49,7 @@ VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
 # TensorProto data fields other than raw_data (9) and float_data (4); a float32 tensor has none.
 OTHER_DATA = {5: "int32_data", 6: "string_data", 7: "int64_data", 10: "double_data", 11: "uint64_data"}
 FIX = ("write the graph again in one piece (onnx.save(onnx.load(path), path, save_as_external_data=False)) "
-       "or export it again with encoder_study.export")
+       "or export it again with encoder_study.recipes.export.export")
 
 
 class WritebackError(UserError, ValueError):

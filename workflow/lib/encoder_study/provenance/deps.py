@@ -46,7 +46,8 @@ ALWAYS = ("encoder_study", "encoder_study.cli")
 # source's, checked against the pinned SHA-256 (or recorded, unpinned), however they are fetched. A fix
 # to a download then refetches nothing and so retrains nothing (docs/reruns.md); a failed download
 # wrote nothing and reruns anyway.
-FETCHING = ("encoder_study.core.download", "encoder_study.data.fetch", "encoder_study.tagging.spacy_fetch")
+FETCHING = ("encoder_study.core.download", "encoder_study.data.fetch",
+            "encoder_study.recipes.tagging.spacy_fetch")
 
 
 def _file(root: Path, module: str) -> Path | None:
@@ -235,7 +236,7 @@ def code_files(root: str | Path, module: str, function: str | None = None,
     modules aside (and what only they import).
 
     `root` is the folder that holds the package (workflow/lib); `module` is dotted
-    (`encoder_study.commands.tagging`); `cache`, a JSON file of the files' summaries by content
+    (`encoder_study.recipes.tagging.command`); `cache`, a JSON file of the files' summaries by content
     (see the module docstring), or None to parse every file.
     """
     root = Path(root)

@@ -1,0 +1,1 @@
+"""Recipe `benchmarks` (outside `all`): the encoders timed against the machine's limit."""

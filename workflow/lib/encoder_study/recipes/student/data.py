@@ -1,0 +1,306 @@
+"""The distillation corpus: documents per language, tokenised once, sampled as windows of teacher ids.
+
+    documents = embedded_documents("config/texts/tatoeba_sample.tsv", "config/texts/udhr_sample")
+    corpus = Corpus.build(documents, PieceTokenizer("results/models/minilm/tokenizer.json"), None, 0.5)
+    batch = corpus.batch(seed=0, step=17, windows=16, lengths=(32, 64), pad_id=0)
+
+Each language's documents are encoded without special tokens and laid end to end, each followed by
+the tokenizer's closing special token(s) (BERT's [SEP], XLM-R's </s>), into one stream of piece ids:
+windows longer than a document then stay full, as in RoBERTa's packed inputs. A window of length L
+(specials included, what the model sees) is the prefix specials, L - specials consecutive pieces of
+one language's stream from a uniformly drawn start, and the suffix specials; a stream shorter than
+that gives all of itself, padded.
+
+Languages are drawn with weights proportional to amount ** power (power 0.5: the square root, so
+small languages are seen more often than their share; Conneau et al. 2019 use 0.3). The amount is
+the number of characters of the language's documents unless given (a streamed sample is capped per
+language, so the full study gives the sizes of the whole corpora instead).
+
+Batch `step` is a pure function of (seed, step): drawn from a numpy Generator seeded with
+[seed, stream, step], so the data position of a run is its step, every rank of a data-parallel run
+draws the same global batch, and a resumed run sees exactly the batches an uninterrupted one sees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from ...data import texts
+from ...encoders.tokens import PieceTokenizer
+from ...onnx.runtime import pad_batch
+from . import StudentError
+
+TRAIN_STREAM, STATS_STREAM = 0, 1  # separate draws for training batches and the statistics sample
+COMMIT_DIGITS = 40  # a Hub repository's commit: a full SHA-1 in hexadecimal
+
+
+@dataclass(frozen=True)
+class Document:
+    lang: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Batch:
+    input_ids: torch.Tensor       # int64 [windows, length]
+    attention_mask: torch.Tensor  # int64 [windows, length]: 1 for real ids, 0 for padding
+    langs: tuple[str, ...]
+
+    def rows(self, index) -> Batch:
+        """The windows `index` selects (a slice or index list), padded to the same length as the batch."""
+        picked = range(len(self.langs))[index] if isinstance(index, slice) else index
+        picked = list(picked)
+        langs = tuple(self.langs[i] for i in picked)
+        return Batch(self.input_ids[picked], self.attention_mask[picked], langs)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def language_weights(amounts: Mapping[str, float], power: float) -> dict[str, float]:
+    """lang -> probability proportional to amount ** power, over the languages with a positive amount,
+    sorted by language code."""
+    kept = {lang: float(amounts[lang]) for lang in sorted(amounts) if amounts[lang] > 0}
+    if not kept:
+        raise StudentError("no language has any text")
+    raw = {lang: amount ** power for lang, amount in kept.items()}
+    total = math.fsum(raw.values())
+    return {lang: value / total for lang, value in raw.items()}
+
+
+class Corpus:
+    """One stream of teacher piece ids per language, and the windows drawn from them."""
+
+    def __init__(self, streams: Mapping[str, np.ndarray], amounts: Mapping[str, float], prefix: Sequence[int],
+                 suffix: Sequence[int], power: float):
+        self.streams = {lang: np.asarray(streams[lang], dtype=np.int64) for lang in sorted(streams)
+                        if len(streams[lang])}
+        missing = sorted(set(self.streams) - set(amounts))
+        if missing:
+            raise StudentError(f"no amount of text given for languages {missing}")
+        self.weights = language_weights({lang: amounts[lang] for lang in self.streams}, power)
+        self.langs = list(self.weights)
+        self.prefix = np.asarray(prefix, dtype=np.int64)
+        self.suffix = np.asarray(suffix, dtype=np.int64)
+        self._p = np.asarray([self.weights[lang] for lang in self.langs], dtype=np.float64)
+
+    @classmethod
+    def build(cls, documents: Iterable[Document], tokenizer: PieceTokenizer,
+              amounts: Mapping[str, float] | None, power: float) -> Corpus:
+        """Encode every document (in the given order) and join each language's into one stream."""
+        documents = list(documents)
+        if not documents:
+            raise StudentError("the distillation corpus has no documents")
+        encoded = tokenizer.encode_many([doc.text for doc in documents])
+        separator = np.asarray(tokenizer.suffix, dtype=np.int64)
+        parts: dict[str, list[np.ndarray]] = {}
+        chars: dict[str, int] = {}
+        for doc, (ids, _) in zip(documents, encoded, strict=True):
+            if len(ids):
+                parts.setdefault(doc.lang, []).extend((ids, separator))
+                chars[doc.lang] = chars.get(doc.lang, 0) + len(doc.text)
+        streams = {lang: np.concatenate(p) for lang, p in parts.items()}
+        return cls(streams, chars if amounts is None else amounts, tokenizer.prefix, tokenizer.suffix, power)
+
+    def digest(self) -> str:
+        """SHA-256 of the streams and the weights: what decides every window."""
+        h = hashlib.sha256()
+        for lang in self.langs:
+            h.update(f"{lang}:{self.weights[lang]!r}:{len(self.streams[lang])}\n".encode())
+            h.update(self.streams[lang].tobytes())
+        h.update(self.prefix.tobytes() + b"|" + self.suffix.tobytes())
+        return h.hexdigest()
+
+    def window(self, rng: np.random.Generator, lang: str, length: int) -> np.ndarray:
+        """One window of at most `length` ids (specials included) from `lang`'s stream."""
+        specials = len(self.prefix) + len(self.suffix)
+        size = length - specials
+        if size < 1:
+            raise StudentError(f"window length {length} leaves no room beside {specials} special tokens")
+        stream = self.streams[lang]
+        start = int(rng.integers(0, len(stream) - size + 1)) if len(stream) > size else 0
+        return np.concatenate([self.prefix, stream[start:start + size], self.suffix])
+
+    def batch(self, seed: int, step: int, windows: int, lengths: Sequence[int], pad_id: int = 0,
+              stream: int = TRAIN_STREAM) -> Batch:
+        """Batch `step`: one length for the whole batch (drawn from `lengths`), then for each window a
+        language (by weight) and a start; padded to the longest window with `pad_id`."""
+        rng = np.random.default_rng([int(seed), int(stream), int(step)])
+        length = int(lengths[int(rng.integers(len(lengths)))])
+        picked = rng.choice(len(self.langs), size=windows, p=self._p)
+        ids, mask = pad_batch([self.window(rng, self.langs[i], length) for i in picked], pad_id)
+        return Batch(torch.from_numpy(ids), torch.from_numpy(mask), tuple(self.langs[i] for i in picked))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sources
+
+
+def embedded_documents(tatoeba: str | os.PathLike | None, udhr: str | os.PathLike | None) -> list[Document]:
+    """The project's multilingual sample: every Tatoeba sentence and every UDHR paragraph, in file order."""
+    found: list[Document] = []
+    if tatoeba is not None:
+        found += [Document(t.lang, t.text) for t in texts.read_tatoeba(tatoeba)]
+    if udhr is not None:
+        found += [Document(t.lang, t.text) for t in texts.read_udhr(udhr)]
+    return found
+
+
+@dataclass(frozen=True)
+class StreamSource:
+    """A Hugging Face dataset read by streaming at one commit of its repository.
+
+    `revision`: the commit (40 hexadecimal digits), or empty: `resolve_revisions` then reads the
+    repository's current commit at the run's start, which the run records and prints as the pin to give.
+    `configs`: language code -> the dataset's configuration (FineWeb-2 `fra_Latn`, Wikipedia
+    `20231101.fr`); at most `max_documents` documents (and `max_chars` characters) per language are
+    taken, in the dataset's order.
+
+    `local`: a directory holding one `<config>.jsonl` per configuration, rows in the dataset's format,
+    read through the same streaming reader (`datasets`' json builder) without the Hub and without a
+    revision; config/rehearsal.yaml's stand-ins, which the workflow writes.
+    """
+
+    dataset: str
+    revision: str
+    configs: Mapping[str, str]
+    split: str = "train"
+    text_field: str = "text"
+    max_documents: int = 1000
+    max_chars: int | None = None
+    local: str | None = None
+
+    @classmethod
+    def from_dict(cls, values: Mapping) -> StreamSource:
+        """A source from its config row; a given revision is checked and lowercased, an empty one kept."""
+        source = cls(**values)
+        if source.max_documents < 1:
+            raise StudentError(f"{source.dataset}: max_documents must be positive, "
+                               f"got {source.max_documents}")
+        if source.local is not None:
+            return source
+        return replace(source, revision=commit(source.revision, source.dataset) or "")
+
+
+def commit(revision: str | None, dataset: str) -> str | None:
+    """A dataset commit in lowercase, or None when none is given ('' or None).
+
+    Anything else than 40 hexadecimal digits (a branch, a tag, a short hash) is refused: only a commit
+    names data that cannot move.
+    """
+    if not revision:
+        return None
+    value = revision.strip().lower() if isinstance(revision, str) else ""
+    if len(value) != COMMIT_DIGITS or any(c not in "0123456789abcdef" for c in value):
+        raise StudentError(f"{dataset}: revision {revision!r} is not a commit ({COMMIT_DIGITS} hexadecimal "
+                           "digits); give the dataset repository's commit, or an empty string to read and "
+                           "record its current one")
+    return value
+
+
+def resolve_revisions(sources: Sequence[StreamSource], api=None) -> list[StreamSource]:
+    """The sources, each Hub source at a commit: a given one as it is, an empty one replaced by the
+    dataset repository's current commit (`api.dataset_info(dataset).sha`, one call per dataset; `api`
+    default huggingface_hub.HfApi()). Local stand-ins need none and stay as they are."""
+    current: dict[str, str] = {}
+    resolved = []
+    for source in sources:
+        if source.local is None and not source.revision:
+            if source.dataset not in current:
+                current[source.dataset] = _current_commit(source.dataset, api)
+            source = replace(source, revision=current[source.dataset])
+        resolved.append(source)
+    return resolved
+
+
+def _current_commit(dataset: str, api) -> str:
+    if api is None:
+        from huggingface_hub import HfApi  # the full study only, as `datasets`
+
+        api = HfApi()
+    try:
+        sha = api.dataset_info(dataset).sha
+    except Exception as err:  # network, authentication, a misspelt name: the Hub's own words say which
+        raise StudentError(f"{dataset}: could not read the dataset repository's current commit from the "
+                           f"Hub ({err}); give its revision (a commit) in the config") from err
+    found = commit(sha, dataset)
+    if found is None:
+        raise StudentError(f"{dataset}: the Hub named no commit for the dataset repository")
+    return found
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A streamed source at the commit it is read at, and whether the config gave that commit (False:
+    the repository's current one at this run, to be recorded and given as the pin)."""
+
+    source: StreamSource
+    given: bool
+
+
+def pin_streams(streams: Sequence[Mapping], amounts: Mapping[str, float] | None, world_size: int,
+                api=None) -> list[Pinned]:
+    """The streamed corpus's sources from their config rows, each Hub dataset at one commit: the
+    config's, or (revision empty) the repository's current one (`resolve_revisions`).
+
+    Refused before any download: a language that `amounts` (when given) does not size, and an empty
+    revision when `world_size` processes read (each would read the current commit on its own).
+    """
+    given = [StreamSource.from_dict(s) for s in streams]
+    if amounts is not None:
+        check_amounts(given, amounts)
+    unpinned = [s.dataset for s in given if s.local is None and not s.revision]
+    if unpinned and world_size > 1:
+        raise StudentError(f"{unpinned}: with several processes every revision must be given (each process "
+                           "would read the current commit on its own); run once with student.processes 1, "
+                           "or take the commit from huggingface_hub.HfApi().dataset_info(name).sha")
+    return [Pinned(source, bool(old.revision))
+            for old, source in zip(given, resolve_revisions(given, api), strict=True)]
+
+
+def check_amounts(sources: Iterable[StreamSource], amounts: Mapping[str, float]) -> None:
+    """Refuse, before any download, a language that the sources stream and `amounts` does not size."""
+    missing = sorted({lang for source in sources for lang in source.configs} - set(amounts))
+    if missing:
+        raise StudentError(f"no amount of text given for languages {missing}: add them to "
+                           "student.corpus.amounts (the same unit as the others)")
+
+
+def streamed_documents(sources: Iterable[StreamSource | Mapping]) -> Iterator[Document]:
+    """Documents of each source, language by language (sorted codes), through `datasets` streaming.
+
+    `datasets` is imported here and only here: the embedded default never needs it.
+    """
+    import datasets  # the full study only: the embedded default never installs it
+
+    for source in sources:
+        source = source if isinstance(source, StreamSource) else StreamSource.from_dict(source)
+        if source.local is None and not source.revision:
+            raise StudentError(f"{source.dataset}: no revision to stream at; resolve_revisions gives the "
+                               "dataset repository's current commit")
+        for lang in sorted(source.configs):
+            if source.local is not None:
+                path = os.path.join(source.local, f"{source.configs[lang]}.jsonl")
+                rows = datasets.load_dataset("json", data_files={source.split: path}, split=source.split,
+                                             streaming=True)
+            else:
+                rows = datasets.load_dataset(source.dataset, source.configs[lang], split=source.split,
+                                             streaming=True, revision=source.revision)
+            chars = 0
+            for row in itertools.islice(rows, source.max_documents):
+                text = (row.get(source.text_field) or "").strip()
+                if not text:
+                    continue
+                if source.max_chars is not None and chars + len(text) > source.max_chars:
+                    break
+                chars += len(text)
+                yield Document(lang, text)

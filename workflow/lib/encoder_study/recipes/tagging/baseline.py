@@ -1,0 +1,33 @@
+"""The most-frequent-tag baseline run: each form's most frequent UPOS in train, scored as every run is."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ...core import files
+from . import evaluate
+from .splits import RUN_JSON, SCORES, pred_path, read_splits, score_split, scored_splits, split_record
+
+
+def baseline_run(run: str, paths: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
+                 resamples: int, bootstrap_seed: int) -> tuple[list[dict], list[Path]]:
+    """The most-frequent-tag baseline from train: dev, test (and extra test sets) predictions and scores."""
+    out_dir = Path(out_dir)
+    scored = scored_splits(paths)
+    sentences = read_splits({split: paths[split] for split in ("train", *scored)})
+    baseline = evaluate.most_frequent_tag_baseline(([w.form for w in s.words], s.upos)
+                                                   for s in sentences["train"])
+    rows = []
+    for split in scored:
+        predicted = baseline([[w.form for w in s.words] for s in sentences[split]])
+        accuracy = score_split(sentences[split], predicted, pred_path(out_dir, split), resamples,
+                               bootstrap_seed)
+        rows.append(evaluate.score_row(run, "none", "baseline", "none", split, accuracy))
+    evaluate.write_scores(out_dir / SCORES, rows)
+    files.write_json(out_dir / RUN_JSON, {
+        "run": run, "encoder": "none", "mode": "baseline", "pooling": "none",
+        "splits": {split: split_record(paths[split]) for split in ("train", *scored)}})
+    outputs = [pred_path(out_dir, split) for split in scored]
+    outputs += [out_dir / name for name in (SCORES, "scores.md", RUN_JSON)]
+    return rows, outputs

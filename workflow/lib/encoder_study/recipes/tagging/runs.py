@@ -1,0 +1,136 @@
+"""Trained runs, as the workflow's rules make them: train, select, score and save the tagger.
+
+A run directory (results/tagging/<run>/) holds:
+
+| file | what |
+|---|---|
+| `pipeline.safetensors` | the saved tagger (trained runs; see `pipeline`) |
+| `dev.pred.conllu`, `test.pred.conllu` | the gold files with only the UPOS column predicted |
+| `<name>.pred.conllu` | the same for each extra test set (treebank.extra_tests, e.g. `pud`, `ood`) |
+| `scores.csv`, `scores.md` | the run's rows of the scores table (dev, test and each extra test set) |
+| `history.csv` | step, epoch, train_loss, dev_upos at every development evaluation (trained runs) |
+| `run.json` | run, encoder, mode, pooling, the settings, the selected step and why training stopped |
+
+What every kind of run does with its splits (which it scores, the predictions file and its score, the
+record of each split read) is `splits`'s, which the spaCy runs share.
+
+The baseline run is `baseline`'s; the tables gathered from run directories are `gather`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from ...core import files
+from ...encoders.frozen import FrozenEncoder
+from ...encoders.trainable.words import TrainableEncoder
+from . import evaluate, pipeline
+from .splits import (
+    HISTORY,
+    RUN_JSON,
+    SCORES,
+    history_csv,
+    pred_path,
+    read_splits,
+    score_split,
+    scored_splits,
+    split_record,
+)
+from .tagger import Tagger
+from .train import TrainResult, TrainSettings, autocast, settled, train
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderOptions:
+    """How the encoder is built (besides the model and the pooling); the config schema holds the defaults."""
+
+    max_length: int                  # pieces per window, specials included
+    window_batch: int                # frozen: windows per ONNX Runtime call
+    max_batch_pieces: int            # fine-tuned: padded pieces per forward batch
+    freeze_embeddings: bool          # fine-tuned: keep the token table out of training
+
+
+def build_tagger(model_dir: str | os.PathLike, mode: str, pooling: str, seed: int, options: EncoderOptions,
+                 threads: int) -> Tagger:
+    """A fresh tagger (seeded head) over the frozen or the trainable encoder of an exported model."""
+    if mode == "frozen":
+        encoder = FrozenEncoder(model_dir, pooling=pooling, max_length=options.max_length,
+                                batch_size=options.window_batch, threads=threads)
+    elif mode == "finetuned":
+        encoder = TrainableEncoder(model_dir, pooling=pooling, max_length=options.max_length,
+                                   max_batch_pieces=options.max_batch_pieces,
+                                   freeze_embeddings=options.freeze_embeddings, threads=threads)
+    else:
+        raise ValueError(f"mode must be 'frozen' or 'finetuned', got {mode!r}")
+    return Tagger(encoder, seed=seed)
+
+
+@dataclasses.dataclass
+class TrainedRun:
+    """What `train_run` wrote and measured."""
+
+    rows: list[dict]
+    result: TrainResult
+    outputs: list[Path]
+    record: dict
+
+
+def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[str, str | os.PathLike],
+              out_dir: str | os.PathLike, settings: TrainSettings, options: EncoderOptions,
+              checkpoint: str | os.PathLike, chunk_steps: int, resamples: int, bootstrap_seed: int,
+              progress: bool) -> TrainedRun:
+    """Train on paths["train"], select on paths["dev"], score dev and test once with the selected weights.
+
+    Any other name in `paths` is an extra test set (out-of-domain, say): scored once too, like test.
+
+    The training state is saved to `checkpoint` every `chunk_steps` steps (0: only when training ends)
+    and resumed from it when it exists, so a rerun after a crash goes on where the last save left off
+    and ends where an uninterrupted run ends. The checkpoint is removed once every output is written.
+    """
+    out_dir = Path(out_dir)
+    checkpoint = Path(checkpoint)
+    scored = scored_splits(paths)
+    sentences = read_splits({split: paths[split] for split in ("train", *scored)})
+    # The thread count, device and precision of training hold for the final predictions too, so that
+    # the development predictions written are exactly the ones that selected the weights.
+    with settled(settings):
+        tagger = build_tagger(model_dir, settings.mode, pooling, settings.seed, options, settings.threads)
+        result = train(tagger, sentences["train"], sentences["dev"], settings, checkpoint=checkpoint,
+                       chunk_steps=chunk_steps, progress=progress, desc=run)
+        with autocast(settings):
+            # Each split on its own: an extra test set leaves the dev and test predictions as they were.
+            predicted = {split: tagger.predict([s.doc() for s in sentences[split]], settings.eval_batch_words)
+                         for split in scored}
+    tagger.to("cpu")  # the pipeline file holds CPU tensors whatever the device was
+
+    encoder = tagger.encoder.manifest.get("model", Path(model_dir).name)
+    rows, scores = [], {}
+    for split in scored:
+        scores[split] = score_split(sentences[split], predicted[split], pred_path(out_dir, split), resamples,
+                                    bootstrap_seed)
+        rows.append(evaluate.score_row(run, encoder, settings.mode, pooling, split, scores[split]))
+    record = {
+        "run": run, "encoder": encoder, "mode": settings.mode, "pooling": pooling, "kind": tagger.kind,
+        "pipeline": pipeline.FILE_NAME, "settings": dataclasses.asdict(settings),
+        "encoder_options": dataclasses.asdict(options),
+        "selected": {"step": result.best_step, "dev_upos": result.best_dev_upos},
+        "stopped": result.stopped, "steps": result.steps, "epochs": result.epochs,
+        "splits": {split: split_record(paths[split]) for split in ("train", *scored)},
+    }
+    # The development score of the selected weights, recomputed from the written file, must be the
+    # one that selected them; a difference would mean the weights put back are not the ones scored.
+    record["dev_upos_check"] = scores["dev"].upos == result.best_dev_upos
+    # Inline: the run's pipeline is the training reference (it can train further); the writeback recipe
+    # writes the graph pipelines from it.
+    pipeline.save(tagger, out_dir / pipeline.FILE_NAME, training={
+        k: record[k] for k in ("run", "mode", "settings", "encoder_options", "selected", "stopped", "steps",
+                               "epochs")})
+    evaluate.write_scores(out_dir / SCORES, rows)
+    files.write_text(out_dir / HISTORY, history_csv(result.history))
+    files.write_json(out_dir / RUN_JSON, record)
+    checkpoint.unlink(missing_ok=True)
+    outputs = [out_dir / name for name in (pipeline.FILE_NAME, SCORES, "scores.md", HISTORY, RUN_JSON)]
+    outputs += [pred_path(out_dir, split) for split in scored]
+    return TrainedRun(rows=rows, result=result, outputs=outputs, record=record)
