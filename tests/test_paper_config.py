@@ -142,7 +142,11 @@ def fake_datasets(calls):
     def load_dataset(name, config, split, streaming, revision):
         calls.append((name, config, revision))
         return iter([{"text": f"{config} {TEXT} {i}"} for i in range(4)])
-    return types.SimpleNamespace(load_dataset=load_dataset)
+
+    def get_dataset_config_names(name, revision):
+        return {"HuggingFaceFW/fineweb-2": ["fra_Latn", "deu_Latn", "eng_Latn"],
+                "wikimedia/wikipedia": ["20231101.en", "20231101.fr"]}[name]
+    return types.SimpleNamespace(load_dataset=load_dataset, get_dataset_config_names=get_dataset_config_names)
 
 
 def distill_argv(teacher, out, revision) -> list[str]:
@@ -194,14 +198,43 @@ def test_several_processes_refuse_an_empty_revision(monkeypatch):
         data.pin_streams(streams, None, world_size=2)
 
 
-def test_pinned_streams_say_which_commit_the_config_gave():
+def test_pinned_streams_say_which_commit_the_config_gave(tmp_path):
     hub = FakeHub()
+    (tmp_path / "e.jsonl").write_text("")
     streams = [{"dataset": "d/x", "revision": "", "configs": {"fra": "f"}},
                {"dataset": "d/y", "revision": SHA.upper(), "configs": {"deu": "g"}},
-               {"dataset": "d/z", "revision": "", "configs": {"eng": "e"}, "local": "stand-ins"}]
-    pinned = data.pin_streams(streams, {"fra": 1.0, "deu": 1.0, "eng": 1.0}, world_size=1, api=hub)
+               {"dataset": "d/z", "revision": "", "configs": {"eng": "e"}, "local": str(tmp_path)}]
+    pinned = data.pin_streams(streams, {"fra": 1.0, "deu": 1.0, "eng": 1.0}, world_size=1, api=hub,
+                              config_names=lambda dataset, revision: ["f", "g"])
     assert [(p.source.dataset, p.source.revision, p.given) for p in pinned] == [
         ("d/x", SHA, False), ("d/y", SHA, True), ("d/z", "", False)]
     assert hub.calls == ["d/x"]  # only the Hub source without a revision asks for the current commit
     with pytest.raises(StudentError, match=r"no amount of text given for languages \['eng'\]"):
         data.pin_streams(streams, {"fra": 1.0, "deu": 1.0}, world_size=1, api=hub)
+
+
+def test_a_misspelt_configuration_is_refused_before_any_document_is_read(tmp_path, monkeypatch):
+    """student.corpus.streams names 225 configurations: one misspelt name fails at once, named, with
+    every other one, before the first document of any configuration is streamed."""
+    def no_reading(*args, **kwargs):
+        raise AssertionError("a document was read")
+    seen = []
+
+    def names(dataset, revision):
+        seen.append((dataset, revision))
+        return ["fra_Latn", "deu_Latn"]
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=no_reading))
+    (tmp_path / "20231101.fr.jsonl").write_text('{"text": "un"}\n')
+    streams = [{"dataset": "HuggingFaceFW/fineweb-2", "revision": SHA,
+                "configs": {"fra": "fra_Latn", "deu": "deu_Ltn", "ita": "ita_Latn"}},
+               {"dataset": "wikimedia/wikipedia", "revision": "", "local": str(tmp_path),
+                "configs": {"fra": "20231101.fr", "eng": "20231101.em"}}]
+    with pytest.raises(StudentError) as err:
+        data.pin_streams(streams, None, world_size=1, config_names=names)
+    message = str(err.value)
+    assert message.startswith("3 streamed configuration(s) not found, before any document was read")
+    for lang, config in (("deu", "deu_Ltn"), ("ita", "ita_Latn"), ("eng", "20231101.em")):
+        assert f" {lang}: {config} (not among" in message
+    assert "fra_Latn" not in message and "20231101.fr (" not in message
+    assert seen == [("HuggingFaceFW/fineweb-2", SHA)]  # one call per Hub dataset; the local one reads files
+    assert "fix the names in student.corpus.streams" in message

@@ -248,12 +248,13 @@ class Pinned:
 
 
 def pin_streams(streams: Sequence[Mapping], amounts: Mapping[str, float] | None, world_size: int,
-                api=None) -> list[Pinned]:
+                api=None, config_names=None) -> list[Pinned]:
     """The streamed corpus's sources from their config rows, each Hub dataset at one commit: the
     config's, or (revision empty) the repository's current one (`resolve_revisions`).
 
-    Refused before any download: a language that `amounts` (when given) does not size, and an empty
-    revision when `world_size` processes read (each would read the current commit on its own).
+    Refused before any download: a language that `amounts` (when given) does not size, an empty
+    revision when `world_size` processes read (each would read the current commit on its own), and a
+    configuration that its dataset does not have at that commit (`check_configs`, with `config_names`).
     """
     given = [StreamSource.from_dict(s) for s in streams]
     if amounts is not None:
@@ -263,8 +264,45 @@ def pin_streams(streams: Sequence[Mapping], amounts: Mapping[str, float] | None,
         raise StudentError(f"{unpinned}: with several processes every revision must be given (each process "
                            "would read the current commit on its own); run once with student.processes 1, "
                            "or take the commit from huggingface_hub.HfApi().dataset_info(name).sha")
-    return [Pinned(source, bool(old.revision))
-            for old, source in zip(given, resolve_revisions(given, api), strict=True)]
+    pinned = [Pinned(source, bool(old.revision))
+              for old, source in zip(given, resolve_revisions(given, api), strict=True)]
+    check_configs([p.source for p in pinned], config_names)
+    return pinned
+
+
+def _hub_config_names(dataset: str, revision: str) -> list[str]:
+    import datasets  # the full study only: the embedded default never installs it
+
+    return datasets.get_dataset_config_names(dataset, revision=revision)
+
+
+def check_configs(sources: Iterable[StreamSource], config_names=None) -> None:
+    """Refuse, before the first document is read, every configuration that its source does not have: a
+    local stand-in's `<config>.jsonl`, a Hub dataset's configuration at the source's commit
+    (`config_names(dataset, revision)`, one call per dataset; default `datasets.get_dataset_config_names`).
+    One error names every missing configuration, so a misspelt name costs seconds, not the documents of
+    every configuration sorted before it."""
+    config_names = config_names or _hub_config_names
+    missing = []
+    for source in sources:
+        wanted = {lang: source.configs[lang] for lang in sorted(source.configs)}
+        if source.local is not None:
+            absent = [c for c in wanted.values()
+                      if not os.path.isfile(os.path.join(source.local, f"{c}.jsonl"))]
+            where = f"{source.local}/<config>.jsonl"
+        else:
+            try:
+                known = set(config_names(source.dataset, source.revision))
+            except Exception as err:  # network, authentication, a misspelt dataset: the library's words
+                raise StudentError(f"{source.dataset}: could not list its configurations at revision "
+                                   f"{source.revision} ({err}); check the name and the network") from err
+            absent = [c for c in wanted.values() if c not in known]
+            where = f"the configurations of {source.dataset} at {source.revision}"
+        missing += [f"{source.dataset} {lang}: {config} (not among {where})"
+                    for lang, config in wanted.items() if config in absent]
+    if missing:
+        raise StudentError(f"{len(missing)} streamed configuration(s) not found, before any document was "
+                           "read: " + "; ".join(missing) + "; fix the names in student.corpus.streams")
 
 
 def check_amounts(sources: Iterable[StreamSource], amounts: Mapping[str, float]) -> None:
