@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
-from conftest import shared_config, small_copy
+from conftest import ROOT, shared_config, small_copy
 
 sys.path.insert(0, str(Path(__file__).parent / "slurm"))
 import cluster  # noqa: E402
@@ -109,3 +110,39 @@ def test_the_slurm_profile_gives_a_local_runs_results(cluster_run, small_workflo
     assert different == [], different
     print(f"slurm run {took:.0f} s; {len(jobs)} jobs through sbatch ({', '.join(rules)}); {len(compared)} "
           f"files byte-equal, {len(_results(remote)) - len(compared)} timing files not compared")
+
+
+def test_a_job_no_node_can_hold_is_refused_before_anything_is_submitted(cluster_run, tmp_path):
+    """The default's timed rules at their configured threads (config/config.yaml) on a node with fewer
+    CPUs: Slurm would accept them and leave them pending for ever; the run stops at once instead, one line
+    per rule naming the config key, and submits nothing."""
+    slurm, *_ = cluster_run
+    default = yaml.safe_load((ROOT / "config/config.yaml").read_text(encoding="utf-8"))
+    threads = {"parity_latency": default["parity"]["latency_threads"],
+               "writeback_speed": default["writeback"]["threads"]}
+    node_cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True,
+                                   env=slurm, check=True).stdout.split()[0])
+    if min(threads.values()) <= node_cpus:
+        pytest.skip(f"the test node has {node_cpus} CPUs: enough for the default's timed rules")
+    config = shared_config()
+    copy = small_copy(tmp_path / "too-big", resources=RESOURCES,
+                      parity={**config["parity"], "latency_threads": threads["parity_latency"]},
+                      writeback={**config["writeback"], "threads": threads["writeback_speed"]})
+    before = len(_jobs(slurm))
+    env = dict(os.environ, SLURM_CONF=slurm["SLURM_CONF"],
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), slurm["PATH"]]))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/slurm",
+                           "results/parity/latency/mmbert-base.csv", "results/writeback/speed.csv"],
+                          cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - started
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
+    lines = [line for line in out.splitlines() if "no node can start it" in line]
+    assert len(lines) == 2, out
+    assert lines[0].startswith(f"parity_latency asks for {threads['parity_latency']} CPUs "
+                               f"(parity.latency_threads), the largest node has {node_cpus}")
+    assert lines[1].startswith(f"writeback_speed asks for {threads['writeback_speed']} CPUs "
+                               f"(writeback.threads), the largest node has {node_cpus}")
+    assert len(_jobs(slurm)) == before  # nothing submitted
+    assert took < 120, took

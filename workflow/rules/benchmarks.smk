@@ -26,7 +26,7 @@ rule benchmarks_encoders:
         min_seconds=config["timing"]["min_seconds"],
     # Timed: locally every slot the workflow has, so that no other job runs beside it; on a cluster
     # the config's threads and a node of its own (common.smk, timed_threads).
-    threads: timed_threads("benchmarks_encoders", BENCHMARKS["threads"])
+    threads: timed_threads("benchmarks_encoders", "benchmarks.threads")
     log:
         "logs/benchmarks/benchmarks_encoders.log",
     resources: **resources_of("benchmarks_encoders")

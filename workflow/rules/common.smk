@@ -114,6 +114,8 @@ def crate_documents(wildcards):
 # config sets: the Snakefile refuses a `threads.<rule>` or `resources.<rule>` naming any other rule,
 # which would be ignored without a word.
 CONFIGURED = {"threads": set(), "resources": set()}
+# rule -> the config key its threads come from (named when no cluster node has that many CPUs).
+THREADS_KEY = {}
 
 
 def threads_for(rule):
@@ -122,6 +124,7 @@ def threads_for(rule):
     Host facts stay out of it: Snakemake caps it by the cores it may use when the job runs.
     """
     CONFIGURED["threads"].add(rule)
+    THREADS_KEY[rule] = f"threads.{rule}" if rule in config["threads"] else "threads.default"
     return int(config["threads"].get(rule, config["threads"]["default"]))
 
 
@@ -135,15 +138,21 @@ def on_cluster():
     return workflow.nodes is not None
 
 
-def timed_threads(rule, timed):
-    """`threads:` of a rule that times something at up to `timed` threads (its config value).
+def timed_threads(rule, key):
+    """`threads:` of a rule that times something at up to the threads config key `key` gives (dotted,
+    e.g. `parity.latency_threads`).
 
     Locally it takes every core the workflow has, so that no other job runs beside it. On a cluster the
     submitting host's cores say nothing about a node's: the job asks for `threads.<rule>` or else
-    `timed`, and the cluster profile gives it a node of its own (slurm_extra --exclusive).
+    `key`'s value, and the cluster profile gives it a node of its own (slurm_extra --exclusive).
     """
     CONFIGURED["threads"].add(rule)
-    asked = int(config["threads"].get(rule, timed))
+    key = f"threads.{rule}" if rule in config["threads"] else key
+    THREADS_KEY[rule] = key
+    value = config
+    for part in key.split("."):
+        value = value[part]
+    asked = int(value)
     return lambda wildcards: asked if on_cluster() else CORES
 
 
@@ -430,5 +439,40 @@ def check_recorded_inputs():
                             + "\n".join(problems))
 
 
+def check_cluster_fits():
+    """On Slurm, refuse the run before anything is submitted when a job asks for more than any node of
+    its partitions has (CPUs, memory, runtime, GPUs): Slurm would keep it PENDING for ever and Snakemake
+    wait without a word (encoder_study.core.cluster). One line per rule, naming the config key."""
+    import yaml
+    from encoder_study.core import cluster
+
+    if not on_cluster() or getattr(workflow.executor_plugin, "name", "") != "slurm":
+        return
+    nodes = cluster.read_nodes()
+    if isinstance(nodes, str):
+        print(f"cluster check skipped: {nodes}", file=sys.stderr)
+        return
+    path = getattr(workflow.executor_settings, "partition_config", None)
+    if path:
+        partitions = (yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}).get("partitions") or {}
+    else:
+        partitions = {n.partition: {} for n in nodes}
+    requests = {}
+    for job in workflow.dag.needrun_jobs():
+        if job.is_local:
+            continue
+        resources = job.resources
+        request = cluster.Request(job.rule.name, int(job.threads), int(resources.get("mem_mb", 0) or 0),
+                                  int(resources.get("runtime", 0) or 0), int(resources.get("gpu", 0) or 0),
+                                  THREADS_KEY.get(job.rule.name, "threads.default"))
+        requests[request.rule] = max(requests.get(request.rule, request), request,
+                                     key=lambda r: (r.threads, r.mem_mb, r.gpus, r.minutes))
+    problems = cluster.problems(requests.values(), nodes, partitions)
+    if problems:
+        raise WorkflowError("no node of the cluster can start these jobs (Slurm would leave them pending):\n"
+                            + "\n".join(problems))
+
+
 onstart:
+    check_cluster_fits()
     check_recorded_inputs()

@@ -127,7 +127,7 @@ rule parity_latency:
         min_seconds=config["timing"]["min_seconds"],
     # Timed: locally every slot the workflow has, so that no other job runs beside it; on a cluster
     # the config's threads and a node of its own (common.smk, timed_threads).
-    threads: timed_threads("parity_latency", config["parity"]["latency_threads"])
+    threads: timed_threads("parity_latency", "parity.latency_threads")
     log:
         "logs/parity/parity_latency.log",
     benchmark:

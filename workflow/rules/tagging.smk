@@ -371,7 +371,7 @@ rule tagging_step_time:
         threads=threads_for("tagging_step_time"),
     # Timed: locally every slot the workflow has, so that no other job runs beside it; on a cluster
     # the config's threads and a node of its own (common.smk, timed_threads).
-    threads: timed_threads("tagging_step_time", threads_for("tagging_step_time"))
+    threads: timed_threads("tagging_step_time", "threads.default")
     log:
         "logs/tagging/tagging_step_time.log",
     benchmark:

@@ -137,7 +137,7 @@ rule writeback_speed:
         min_seconds=config["timing"]["min_seconds"],
     # Timed: locally every slot the workflow has, so that no other job runs beside it; on a cluster
     # the config's threads and a node of its own (common.smk, timed_threads).
-    threads: timed_threads("writeback_speed", WRITEBACK["threads"])
+    threads: timed_threads("writeback_speed", "writeback.threads")
     log:
         "logs/writeback/writeback_speed.log",
     benchmark:
