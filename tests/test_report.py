@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from encoder_study.core.results import RESULTS
 from encoder_study.report import facts as report_facts
 from encoder_study.report import landing as report_landing
 
@@ -24,8 +25,13 @@ CAPTION = re.compile(r'caption="(?P<caption>[^"]+)"')
 CATEGORY = re.compile(r'category="(?P<category>[^"]+)"')
 
 
+# An output entry `name=result("registry key")` (encoder_study.core.results; common.smk's `result`).
+RESULT = re.compile(r'^\s+\w+=result\("(?P<name>\w+)"\)', re.M)
+
+
 def output_entries(recipe, text=None):
-    """(path, report?, caption, category) of every .csv/.png entry in an `output:` section of a rule file."""
+    """(path, report?, caption, category) of every .csv/.png entry in an `output:` section of a rule file:
+    a plain path (not in the report), report(...) given whole, or result(...) read from the registry."""
     entries = []
     text = (RULES / f"{recipe}.smk").read_text() if text is None else text
     for section in re.findall(r"^\s+output:\n((?:\s{8,}.*\n)+)", text, re.M):
@@ -33,6 +39,9 @@ def output_entries(recipe, text=None):
             caption, category = CAPTION.search(m["rest"]), CATEGORY.search(m["rest"])
             entries.append((m["path"], bool(m["report"]), caption and caption["caption"],
                             category and category["category"]))
+        for m in RESULT.finditer(section):
+            entry = RESULTS[m["name"]]
+            entries.append((entry.path, True, f"../report/{entry.caption}", entry.category))
     return entries
 
 
@@ -46,13 +55,23 @@ def test_an_unwrapped_table_is_seen():
 
 def test_report_pages_have_captions_that_exist():
     text = (RULES / "report.smk").read_text()
-    # REPORT_TABLES' captions ("tagging/scores.rst") and those given whole (caption="../report/x.rst"); not
-    # the generated files under results/ that the captions include.
+    # The registry's captions ("tagging/scores.rst") and those report.smk gives whole
+    # (caption="../report/x.rst"); not the generated files under results/ that the captions include.
     named = re.findall(r'"(?:\.\./report/)?([\w/]+\.rst)"', text)
-    captions = [c for c in named if not c.startswith("results/")]
+    captions = [c for c in named if not c.startswith("results/")] + [r.caption for r in RESULTS.values()]
     assert len(captions) >= 10 and "run_settings.rst" in captions
     for caption in captions:
         assert (ROOT / "workflow" / "report" / caption).is_file(), caption
+
+
+def test_every_registry_entry_is_a_rule_output():
+    """No entry without a rule that writes it, and each table with an HTML page has its Markdown
+    rendering among the rules' outputs (the page renders it)."""
+    texts = "".join((RULES / f"{recipe}.smk").read_text() for recipe in (*RECIPES, "rehearsal"))
+    assert {m["name"] for m in RESULT.finditer(texts)} == set(RESULTS)
+    for name, entry in RESULTS.items():
+        if entry.title:
+            assert f'"{entry.markdown}"' in texts, (name, entry.markdown)
 
 
 def test_html_rendering_joins_intervals_and_keeps_the_digits():

@@ -15,6 +15,7 @@ from encoder_study.data import SPLITS as TREEBANK_SPLITS
 from encoder_study.provenance.deps import code_files, code_stamp
 from encoder_study.core.files import local_path
 from encoder_study.core.machine import cores as machine_cores
+from encoder_study.core.results import LANDING, RESULTS
 
 LIB_ROOT = Path("workflow/lib")
 # The dependency walk's parsed files, by content (encoder_study.provenance.deps): it saves every command ~0.5 s.
@@ -61,6 +62,14 @@ def lib_code(command, subcommand=None):
             print(f"code changed: {source}: {', '.join(changed)} (stamp {stamp})", file=sys.stderr)
         stamps.append(stamp)
     return stamps
+
+
+def result(name):
+    """An output the report shows, as the results registry (encoder_study.core.results) spells it: its
+    path, caption and place in the report."""
+    entry = RESULTS[name]
+    return report(entry.path, caption=f"../report/{entry.caption}", category=entry.category,
+                  subcategory=entry.subcategory)
 
 
 def prov(recipe, rule, wildcards=""):

@@ -81,8 +81,7 @@ rule export_table:
         + [rules.student_export.output.manifest, rules.retrieval_export.output.model],
         code=lib_code("export", "table"),
     output:
-        table=report("results/models/exports.csv", caption="../report/export/exports.rst",
-                     category="export", subcategory="exports"),
+        table=result("models_exports"),
         markdown="results/models/exports.md",
         prov=prov("export", "export_table"),
     params:

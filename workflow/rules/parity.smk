@@ -74,11 +74,9 @@ rule parity_compare:
         texts=rules.parity_select.output.texts,
         code=lib_code("parity", "compare"),
     output:
-        inference=report("results/parity/inference/{model}.csv", caption="../report/parity/inference_row.rst",
-                         category="parity", subcategory="{model}"),
+        inference=result("parity_inference_row"),
         diffs="results/parity/inference/{model}.npy",
-        trainable=report("results/parity/trainable/{model}.csv", caption="../report/parity/trainable_row.rst",
-                         category="parity", subcategory="{model}"),
+        trainable=result("parity_trainable_row"),
         prov=prov("parity", "parity_compare", "{model}"),
     params:
         model_dir=lambda wc, input: Path(input.model[0]).parent,
@@ -149,11 +147,9 @@ rule parity_table_inference:
         diffs=expand(rules.parity_compare.output.diffs, model=MODELS),
         code=lib_code("parity", "table"),
     output:
-        table=report("results/parity/inference.csv", caption="../report/parity/inference_table.rst",
-                     category="parity", subcategory="all models"),
+        table=result("parity_inference"),
         markdown="results/parity/inference.md",
-        plot=report("results/parity/inference.png", caption="../report/parity/inference_plot.rst",
-                    category="parity", subcategory="all models"),
+        plot=result("parity_inference_plot"),
         prov=prov("parity", "parity_table_inference"),
     log:
         "logs/parity/parity_table_inference.log",
@@ -169,8 +165,7 @@ rule parity_table_trainable:
         rows=expand(rules.parity_compare.output.trainable, model=MODELS),
         code=lib_code("parity", "table"),
     output:
-        table=report("results/parity/trainable.csv", caption="../report/parity/trainable_table.rst",
-                     category="parity", subcategory="all models"),
+        table=result("parity_trainable"),
         markdown="results/parity/trainable.md",
         prov=prov("parity", "parity_table_trainable"),
     log:
@@ -187,11 +182,9 @@ rule parity_table_latency:
         rows=rules.parity_latency.output.rows,
         code=lib_code("parity", "table"),
     output:
-        table=report("results/parity/latency.csv", caption="../report/parity/latency_table.rst",
-                     category="parity", subcategory="all models"),
+        table=result("parity_latency"),
         markdown="results/parity/latency.md",
-        plot=report("results/parity/latency.png", caption="../report/parity/latency_plot.rst",
-                    category="parity", subcategory="all models"),
+        plot=result("parity_latency_plot"),
         prov=prov("parity", "parity_table_latency"),
     log:
         "logs/parity/parity_table_latency.log",

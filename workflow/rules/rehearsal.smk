@@ -58,8 +58,7 @@ rule rehearsal_resources:
         done=lambda wc: [f for f in rules.all.input if not f.startswith("results/rehearsal/")],
         code=lib_code("rehearsal", "resources"),
     output:
-        table=report("results/rehearsal/resources.csv", caption="../report/rehearsal/resources.rst",
-                     category="rehearsal", subcategory="resources"),
+        table=result("rehearsal_resources"),
         markdown="results/rehearsal/resources.md",
         prov=prov("rehearsal", "rehearsal_resources"),
     params:

@@ -15,46 +15,24 @@
 report: "../report/workflow.rst"
 
 
-# name -> (the .md's folder under results/ and its stem, recipe (the report's category), subcategory,
-# caption in workflow/report/, title)
-REPORT_TABLES = {
-    "models_exports": ("models", "exports", "export", "exports", "export/exports.rst", "Exports"),
-    "parity_inference": ("parity", "inference", "parity", "all models", "parity/inference_table.rst",
-                         "Inference parity"),
-    "parity_trainable": ("parity", "trainable", "parity", "all models", "parity/trainable_table.rst",
-                         "Trainable parity"),
-    "parity_latency": ("parity", "latency", "parity", "all models", "parity/latency_table.rst", "Latency"),
-    "student_parity": ("student", "parity", "student", "parity", "student/parity.rst", "Student parity"),
-    "tagging_scores": ("tagging", "scores", "tagging", "all runs", "tagging/scores.rst", "UPOS scores"),
-    "tagging_comparisons": ("tagging", "comparisons", "tagging", "all runs", "tagging/comparisons.rst",
-                            "Paired differences"),
-    "tagging_per_tag": ("tagging", "per_tag", "tagging", "all runs", "tagging/per_tag.rst",
-                        "Per-tag accuracy of the best runs"),
-    "tagging_step_time": ("tagging", "step_time", "tagging", "step time", "tagging/step_time.rst",
-                          "Training step time"),
-    "retrieval_parity": ("retrieval", "parity", "retrieval", "retrieval graph", "retrieval/parity.rst",
-                         "Retrieval parity"),
-}
-if WRITEBACK_RUNS:
-    REPORT_TABLES |= {
-        f"writeback_{stem}": ("writeback", stem, "writeback", "all runs", f"writeback/{stem}.rst",
-                              f"Write-back {stem}")
-        for stem in ("parity", "agreement", "speed")
-    }
+# The tables with an HTML page (encoder_study.core.results: those with a title); the write-back's only
+# where runs are written back.
+REPORT_TABLES = {name: entry for name, entry in RESULTS.items()
+                 if entry.title and (WRITEBACK_RUNS or not name.startswith("writeback_"))}
 
-for _name, (_folder, _stem, _recipe, _subcategory, _caption, _title) in sorted(REPORT_TABLES.items()):
+for _name, _entry in sorted(REPORT_TABLES.items()):
 
     rule:
         name:
             f"report_{_name}"
         input:
-            markdown=f"results/{_folder}/{_stem}.md",
+            markdown=_entry.markdown,
             code=lib_code("report", "table"),
         output:
-            html=report(f"results/report/{_folder}/{_stem}.html", caption=f"../report/{_caption}",
-                        category=_recipe, subcategory=_subcategory),
+            html=report(_entry.html, caption=f"../report/{_entry.caption}", category=_entry.category,
+                        subcategory=_entry.subcategory),
         params:
-            title=f"{_title} (HTML rendering of results/{_folder}/{_stem}.md)",
+            title=f"{_entry.title} (HTML rendering of {_entry.markdown})",
         localrule: True
         log:
             f"logs/report/report_{_name}.log",
@@ -86,17 +64,11 @@ rule report_settings:
         " > {log:q} 2>&1"
 
 
-REPORT_PAGES = [f"results/report/{folder}/{stem}.html" for folder, stem, *_ in REPORT_TABLES.values()]
+REPORT_PAGES = [entry.html for entry in REPORT_TABLES.values()]
 REPORT_PAGES.append(REPORT_SETTINGS)
 
-# The landing page's headline tables: role -> the formatted Markdown of a REPORT_TABLES entry.
-LANDING_TABLES = {
-    role: "results/{}/{}.md".format(*REPORT_TABLES[name][:2])
-    for role, name in (("exports", "models_exports"), ("scores", "tagging_scores"),
-                       ("comparisons", "tagging_comparisons"), ("inference", "parity_inference"),
-                       ("trainable", "parity_trainable"), ("student", "student_parity"),
-                       ("retrieval", "retrieval_parity"))
-}
+# The landing page's headline tables (encoder_study.core.results.LANDING): role -> formatted Markdown.
+LANDING_TABLES = {role: REPORT_TABLES[name].markdown for role, name in LANDING.items()}
 
 
 # The config files this invocation read, in the order they apply (the Snakefile's, then each --configfile),

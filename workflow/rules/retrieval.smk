@@ -78,8 +78,7 @@ rule retrieval_export:
         code=lib_code("retrieval", "export"),
     output:
         model=directory("results/retrieval/model"),
-        parity=report("results/retrieval/parity.csv", caption="../report/retrieval/parity.rst",
-                      category="retrieval", subcategory="retrieval graph"),
+        parity=result("retrieval_parity"),
         markdown="results/retrieval/parity.md",
         prov=prov("retrieval", "retrieval_export"),
     params:

@@ -14,10 +14,8 @@ rule student_distill:
         code=lib_code("student", "distill"),
     output:
         weights="results/student/student.pt",
-        log=report("results/student/training.csv", caption="../report/student/training_log.rst",
-                   category="student", subcategory="training"),
-        plot=report("results/student/training.png", caption="../report/student/training_plot.rst",
-                    category="student", subcategory="training"),
+        log=result("student_training"),
+        plot=result("student_training_plot"),
         prov=prov("student", "student_distill"),
     params:
         launcher=student_launcher(),
@@ -89,8 +87,7 @@ rule student_parity:
         texts=rules.parity_select.output.texts,
         code=lib_code("student", "parity"),
     output:
-        table=report("results/student/parity.csv", caption="../report/student/parity.rst",
-                     category="student", subcategory="parity"),
+        table=result("student_parity"),
         markdown="results/student/parity.md",
         prov=prov("student", "student_parity"),
     params:

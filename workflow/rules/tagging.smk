@@ -126,10 +126,8 @@ rule tagging_train:
         dev="results/tagging/{run}/dev.pred.conllu",
         test="results/tagging/{run}/test.pred.conllu",
         extra=[f"results/tagging/{{run}}/{name}.pred.conllu" for name in EXTRA],
-        scores=report("results/tagging/{run}/scores.csv", caption="../report/tagging/run_scores.rst",
-                      category="tagging", subcategory="{run}"),
-        history=report("results/tagging/{run}/history.csv", caption="../report/tagging/run_history.rst",
-                       category="tagging", subcategory="{run}"),
+        scores=result("tagging_run_scores"),
+        history=result("tagging_run_history"),
         record="results/tagging/{run}/run.json",
         prov=prov("tagging", "tagging_train", "{run}"),
     params:
@@ -174,8 +172,7 @@ rule tagging_baseline:
         dev="results/tagging/baseline/dev.pred.conllu",
         test="results/tagging/baseline/test.pred.conllu",
         extra=[f"results/tagging/baseline/{name}.pred.conllu" for name in EXTRA],
-        scores=report("results/tagging/baseline/scores.csv", caption="../report/tagging/baseline_scores.rst",
-                      category="tagging", subcategory="baseline"),
+        scores=result("tagging_baseline_scores"),
         prov=prov("tagging", "tagging_baseline"),
     params:
         out_dir=lambda wc, output: Path(output.scores).parent,
@@ -240,8 +237,7 @@ if SPACY_NAMES:
             dev="results/tagging/{run}/dev.pred.conllu",
             test="results/tagging/{run}/test.pred.conllu",
             extra=[f"results/tagging/{{run}}/{name}.pred.conllu" for name in EXTRA],
-            scores=report("results/tagging/{run}/scores.csv", caption="../report/tagging/spacy_scores.rst",
-                          category="tagging", subcategory="{run}"),
+            scores=result("tagging_spacy_scores"),
             record="results/tagging/{run}/run.json",
             pipeline=directory("results/tagging/{run}/spacy"),
             prov=prov("tagging", "tagging_spacy", "{run}"),
@@ -282,20 +278,14 @@ rule tagging_tables:
         extra=list(EXTRA.values()),
         code=lib_code("tagging", "tables"),
     output:
-        scores=report("results/tagging/scores.csv", caption="../report/tagging/scores.rst",
-                      category="tagging", subcategory="all runs"),
+        scores=result("tagging_scores"),
         # Written beside the CSVs by the command; declared for the report's HTML renderings.
         scores_md="results/tagging/scores.md",
         comparisons_md="results/tagging/comparisons.md",
-        comparisons=report("results/tagging/comparisons.csv", caption="../report/tagging/comparisons.rst",
-                           category="tagging", subcategory="all runs"),
-        plot=report("results/tagging/dev_upos.png", caption="../report/tagging/dev_upos.rst",
-                    category="tagging", subcategory="all runs"),
-        scores_plot=report("results/tagging/scores.png", caption="../report/tagging/scores_plot.rst",
-                           category="tagging", subcategory="all runs"),
-        comparisons_plot=report("results/tagging/comparisons.png",
-                                caption="../report/tagging/comparisons_plot.rst", category="tagging",
-                                subcategory="all runs"),
+        comparisons=result("tagging_comparisons"),
+        plot=result("tagging_dev_upos"),
+        scores_plot=result("tagging_scores_plot"),
+        comparisons_plot=result("tagging_comparisons_plot"),
         prov=prov("tagging", "tagging_tables"),
     params:
         run_dirs=lambda wc, input: " ".join(f"--run-dir {shlex.quote(str(Path(f).parent))}" for f in input.runs),
@@ -329,12 +319,10 @@ rule tagging_per_tag:
         gold=TREEBANK["test"],
         code=lib_code("tagging", "per-tag"),
     output:
-        table=report("results/tagging/per_tag.csv", caption="../report/tagging/per_tag.rst",
-                     category="tagging", subcategory="all runs"),
+        table=result("tagging_per_tag"),
         # Written beside the CSV by the command; declared for the report's HTML rendering.
         markdown="results/tagging/per_tag.md",
-        plot=report("results/tagging/per_tag.png", caption="../report/tagging/per_tag_plot.rst",
-                    category="tagging", subcategory="all runs"),
+        plot=result("tagging_per_tag_plot"),
         prov=prov("tagging", "tagging_per_tag"),
     params:
         run_dirs=lambda wc, input: " ".join(f"--run-dir {shlex.quote(str(Path(f).parent))}" for f in input.preds),
@@ -355,8 +343,7 @@ rule tagging_step_time:
         code=lib_code("tagging", "step-time"),
     output:
         markdown="results/tagging/step_time.md",
-        table=report("results/tagging/step_time.csv", caption="../report/tagging/step_time.rst",
-                     category="tagging", subcategory="step time"),
+        table=result("tagging_step_time"),
         prov=prov("tagging", "tagging_step_time"),
     params:
         models=" ".join(model_option(m) for m in config["tagging"]["step_time"]["models"]),

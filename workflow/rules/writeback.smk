@@ -68,8 +68,7 @@ rule writeback_parity:
         texts=rules.parity_select.output.texts,
         code=lib_code("writeback", "parity"),
     output:
-        table=report("results/writeback/parity.csv", caption="../report/writeback/parity.rst",
-                     category="writeback", subcategory="all runs"),
+        table=result("writeback_parity"),
         markdown="results/writeback/parity.md",
         prov=prov("writeback", "writeback_parity"),
     params:
@@ -93,8 +92,7 @@ rule writeback_agreement:
         test=TREEBANK["test"],
         code=lib_code("writeback", "agreement"),
     output:
-        table=report("results/writeback/agreement.csv", caption="../report/writeback/agreement.rst",
-                     category="writeback", subcategory="all runs"),
+        table=result("writeback_agreement"),
         markdown="results/writeback/agreement.md",
         predictions=expand("results/writeback/{run}/test.pred.conllu", run=WRITEBACK_RUNS),
         prov=prov("writeback", "writeback_agreement"),
@@ -123,8 +121,7 @@ rule writeback_speed:
         test=TREEBANK["test"],
         code=lib_code("writeback", "speed"),
     output:
-        table=report("results/writeback/speed.csv", caption="../report/writeback/speed.rst",
-                     category="writeback", subcategory="all runs"),
+        table=result("writeback_speed"),
         markdown="results/writeback/speed.md",
         prov=prov("writeback", "writeback_speed"),
     params:
@@ -158,8 +155,7 @@ rule writeback_speed_plot:
         table=rules.writeback_speed.output.table,
         code=lib_code("writeback", "speed-plot"),
     output:
-        plot=report("results/writeback/speed.png", caption="../report/writeback/speed_plot.rst",
-                    category="writeback", subcategory="all runs"),
+        plot=result("writeback_speed_plot"),
         prov=prov("writeback", "writeback_speed_plot"),
     log:
         "logs/writeback/writeback_speed_plot.log",

@@ -14,19 +14,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
 from ..core.errors import UserError
+from ..core.results import LANDING, RESULTS
 from ..recipes.tagging.evaluate import split_order
 from . import facts as report_facts
 from .html import join_intervals, parse_markdown_table
 
 HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
-# The headline tables: (role, title, the columns shown). Scores and comparisons are pivoted by split.
-PARITY_TABLES = (
-    ("inference", "ONNX Runtime against PyTorch", ("model", "tokens", "max abs", "min cosine")),
-    ("trainable", "The trainable modules against PyTorch and the graph",
-     ("model", "comparison", "max abs", "min cosine")),
-    ("student", "The exported student", ("model", "comparison", "max abs", "min cosine")),
-)
-EXPORT_COLUMNS = ("export", "role", "source", "opset", "ONNX bytes", "SHA-256")
+# The headline tables (encoder_study.core.results): (role, title, the columns shown).
+PARITY_TABLES = tuple((role, RESULTS[LANDING[role]].landing_title, RESULTS[LANDING[role]].landing)
+                      for role in ("inference", "trainable", "student"))
+EXPORTS = RESULTS[LANDING["exports"]]
+RETRIEVAL = RESULTS[LANDING["retrieval"]]
 
 
 class LandingError(UserError):
@@ -167,8 +165,7 @@ def parity_tables(tables: Mapping[str, str]) -> list[str]:
         if role in tables:
             parts.append(list_table(title, *pick(*table(tables[role], role), columns, role)))
     if "retrieval" in tables:
-        _, rows = pick(*table(tables["retrieval"], "retrieval"), ("max_abs", "allclose", "tolerance"),
-                       "retrieval")
+        _, rows = pick(*table(tables["retrieval"], "retrieval"), RETRIEVAL.landing, "retrieval")
         close = sum(row[1] == "yes" for row in rows)
         largest = max(rows, key=lambda row: float(row[0]))[0] if rows else "–"
         parts.append(report_facts.rst_text(
@@ -182,7 +179,7 @@ def agreed_cell(rows: Sequence[Sequence[str]], column: int) -> str:
 
 
 def exports_block(markdown: str) -> str:
-    header, rows = pick(*table(markdown, "exports"), EXPORT_COLUMNS, "exports")
+    header, rows = pick(*table(markdown, "exports"), EXPORTS.landing, "exports")
     return literal([header, *rows])
 
 
@@ -216,7 +213,7 @@ def page(records: Sequence[Mapping], tables: Mapping[str, str], digest: str | No
     if parity:
         parts += [heading("Parity", "-"), *parity]
     if "exports" in tables:
-        parts += [heading("Exports and their SHA-256", "-"), exports_block(tables["exports"])]
+        parts += [heading(EXPORTS.landing_title, "-"), exports_block(tables["exports"])]
     parts += [heading("The run", "-"),
               run_block(found, digest_hex[0] if digest_hex else None, digest_path, configs, overrides)]
     if digest_hex:
