@@ -180,6 +180,14 @@ def test_distill_records_the_commit_it_read_and_prints_the_pin_to_give(tiny_expo
     pins = f"HuggingFaceFW/fineweb-2@{SHA}, wikimedia/wikipedia@{SHA}"
     assert record["settings"]["stream revisions"] == pins
     printed = capsys.readouterr().err
+    # Each configuration read says so at once: a long read of the streams is not a silent log.
+    assert [line for line in printed.splitlines() if " read " in line and "documents" in line] == [
+        "encoder-study student distill: read HuggingFaceFW/fineweb-2 deu_Latn (deu): 4 documents, "
+        f"{4 * len(TEXT) + 4 * len('deu_Latn ') + 4 * 2:,} characters",
+        "encoder-study student distill: read HuggingFaceFW/fineweb-2 fra_Latn (fra): 4 documents, "
+        f"{4 * len(TEXT) + 4 * len('fra_Latn ') + 4 * 2:,} characters",
+        "encoder-study student distill: read wikimedia/wikipedia 20231101.en (eng): 4 documents, "
+        f"{4 * len(TEXT) + 4 * len('20231101.en ') + 4 * 2:,} characters"]
     for dataset in ("HuggingFaceFW/fineweb-2", "wikimedia/wikipedia"):
         if revision:
             assert f"{dataset}: revision {SHA} (pinned" in fragment

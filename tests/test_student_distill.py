@@ -419,8 +419,18 @@ def test_bf16_autocast_trains_in_float32_weights_and_is_part_of_the_identity(tin
     # bf16 products round to 8 bits of mantissa: the losses are near the float32 ones, not equal.
     assert [r["loss"] for r in bf16] != [r["loss"] for r in fp32]
     assert bf16[-1]["loss"] == pytest.approx(fp32[-1]["loss"], rel=0.1)
-    # A line per log row on stderr, with the time left; none without `progress`.
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("distill: step")]
+    # Lines while it prepares, before the first step, so that a long preparation is not a silent log;
+    # then a line per log row on stderr, with the time left; none without `progress`.
+    err = capsys.readouterr().err.splitlines()
+    first_step = next(i for i, line in enumerate(err) if line.startswith("distill: step"))
+    preparing = [line for line in err[:first_step] if line.startswith("distill: ")]
+    assert len(preparing) == 3, err
+    assert preparing[0].endswith("languages: tokenizing")
+    assert preparing[1].startswith("distill: corpus ready: ")
+    assert "the teacher's feature statistics over" in preparing[2]
+    # The bf16 run, without `progress`, said nothing.
+    assert sum(line.startswith("distill: ") and not line.startswith("distill: step") for line in err) == 3
+    lines = [line for line in err if line.startswith("distill: step")]
     assert [line.split()[2] for line in lines] == ["2/6,", "4/6,", "6/6,"]
     assert all(" loss " in line and " elapsed 0:" in line and " left 0:" in line for line in lines)
     assert lines[-1].endswith("left 0:00:00")

@@ -3,11 +3,17 @@
 # (encoder_study.recipes.benchmarks.command). Library: encoder_study.recipes.benchmarks.benchmarks, encoder_study.encoders.perf.
 
 BENCHMARKS = config["benchmarks"]
+# The model timed: the config's, or the study's own (the student's teacher), so that the full study
+# times its own encoder without a key of its own.
+BENCHMARK_MODEL = BENCHMARKS["model"] or config["student"]["teacher"]
+if BENCHMARK_MODEL not in MODEL_SPECS:
+    raise WorkflowError(f"config: benchmarks.model '{BENCHMARK_MODEL}' is not in `models` "
+                        f"(it has: {', '.join(MODELS)})")
 
 
 rule benchmarks_encoders:
     input:
-        model=model_files(BENCHMARKS["model"]),
+        model=model_files(BENCHMARK_MODEL),
         code=lib_code("benchmarks", "encoders"),
     output:
         table="results/benchmarks/encoders.csv",

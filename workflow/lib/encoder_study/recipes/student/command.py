@@ -85,7 +85,9 @@ def distill(args) -> int:
             pinned = data.pin_streams(args.streams, args.amounts, int(os.environ.get("WORLD_SIZE", "1")))
             if frag is not None:
                 _stream_notes(frag, pinned)
-            documents = list(data.streamed_documents([p.source for p in pinned]))
+            said = (lambda line: print(f"encoder-study student distill: read {line}", file=sys.stderr,
+                                       flush=True)) if rank_zero else None
+            documents = list(data.streamed_documents([p.source for p in pinned], said))
             amounts = args.amounts
         else:
             documents, amounts = data.embedded_documents(args.tatoeba, args.udhr), None

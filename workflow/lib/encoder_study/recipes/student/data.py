@@ -313,8 +313,9 @@ def check_amounts(sources: Iterable[StreamSource], amounts: Mapping[str, float])
                            "student.corpus.amounts (the same unit as the others)")
 
 
-def streamed_documents(sources: Iterable[StreamSource | Mapping]) -> Iterator[Document]:
-    """Documents of each source, language by language (sorted codes), through `datasets` streaming.
+def streamed_documents(sources: Iterable[StreamSource | Mapping], report=None) -> Iterator[Document]:
+    """Documents of each source, language by language (sorted codes), through `datasets` streaming;
+    `report(line)`, when given, hears of each configuration read (what a long read's log shows).
 
     `datasets` is imported here and only here: the embedded default never needs it.
     """
@@ -333,7 +334,7 @@ def streamed_documents(sources: Iterable[StreamSource | Mapping]) -> Iterator[Do
             else:
                 rows = datasets.load_dataset(source.dataset, source.configs[lang], split=source.split,
                                              streaming=True, revision=source.revision)
-            chars = 0
+            chars = count = 0
             for row in itertools.islice(rows, source.max_documents):
                 text = (row.get(source.text_field) or "").strip()
                 if not text:
@@ -341,4 +342,8 @@ def streamed_documents(sources: Iterable[StreamSource | Mapping]) -> Iterator[Do
                 if source.max_chars is not None and chars + len(text) > source.max_chars:
                     break
                 chars += len(text)
+                count += 1
                 yield Document(lang, text)
+            if report is not None:
+                report(f"{source.dataset} {source.configs[lang]} ({lang}): {count} documents, "
+                       f"{chars:,} characters")

@@ -100,6 +100,7 @@ import json
 import math
 import os
 import random
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -370,7 +371,11 @@ def distill(teacher_dir: str | os.PathLike, documents: Iterable[Document],
     teacher_dir = Path(teacher_dir)
     teacher = trainable.load(teacher_dir)
     tokenizer = PieceTokenizer(teacher_dir / "tokenizer.json")
+    say = _say if progress and int(os.environ.get("RANK", "0")) == 0 else (lambda text: None)
+    say(f"{len(documents):,} documents in {len({d.lang for d in documents})} languages: tokenizing")
     corpus = Corpus.build(documents, tokenizer, amounts, config.language_power)
+    say(f"corpus ready: {sum(len(s) for s in corpus.streams.values()):,} pieces in {len(corpus.streams)} "
+        f"language streams")
     return train(teacher, corpus, student_config, config, checkpoint_path, out_path,
                  teacher_id=files.sha256_file(teacher_dir / "model.onnx"), device=device, progress=progress,
                  precision=precision)
@@ -388,10 +393,18 @@ def train(teacher: nn.Module, corpus: Corpus, student_config, config: TrainingCo
     harness.check_precision(precision, device)
     provenance.used("torch device", harness.describe_device(device))
     provenance.used("torch precision", precision)
+    if progress and rank == 0:
+        _say(f"on {harness.describe_device(device)}: the teacher's feature statistics over "
+             f"{config.stats_windows} windows (or the checkpoint), then {config.steps} steps")
     with harness.deterministic(device, config.threads or torch.get_num_threads()):
         run = _Run(teacher, corpus, student_config, config, Path(checkpoint_path), device, rank, world,
                    teacher_id or teacher_digest(teacher), precision)
         return run.go(Path(out_path), progress)
+
+
+def _say(text: str) -> None:
+    """A line on stderr before the first step: a log that says what the job is doing while it prepares."""
+    print(f"distill: {text}", file=sys.stderr, flush=True)
 
 
 def load_student(path: str | os.PathLike) -> tuple[PostNormEncoder, dict]:
