@@ -1,7 +1,7 @@
 # Regenerates every table of the encoder study. Default: the embedded config (offline, 2 cores, minutes).
 # Full study: snakemake --cores 8 all --configfile config/paper.yaml
-import difflib
 import re
+import sys
 from pathlib import Path
 
 import yaml
@@ -14,14 +14,15 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
-# An unknown top-level key in one line: jsonschema's own message prints the whole schema.
+# Each mistake in the config in one line (the key's path, what is wrong, the fix): jsonschema's own
+# messages print the whole schema for an unknown nested key. Then `validate` fills the defaults.
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "lib"))
+from encoder_study.core.config_check import problems as config_problems
+
 _SCHEMA = Path(workflow.basedir, "workflow/schemas/config.schema.yaml")
-_KEYS = sorted(yaml.safe_load(_SCHEMA.read_text(encoding="utf-8"))["properties"])
-_UNKNOWN = [f"'{key}'" + "".join(f" (did you mean '{m}'?)" for m in difflib.get_close_matches(key, _KEYS, 1))
-            for key in sorted(map(str, set(config) - set(_KEYS)))]
-if _UNKNOWN:
-    raise WorkflowError(f"config: unknown top-level key {', '.join(_UNKNOWN)}; the keys are "
-                        f"{', '.join(_KEYS)}")
+_PROBLEMS = config_problems(config, yaml.safe_load(_SCHEMA.read_text(encoding="utf-8")))
+if _PROBLEMS:
+    raise WorkflowError("\n".join(_PROBLEMS))
 validate(config, "workflow/schemas/config.schema.yaml")
 
 

@@ -53,8 +53,21 @@ GUARDS = {
         "(see the README's recipe table)"),
     "unknown top-level key": (
         {"taging": {"runs": []}, "zzz": 1},
-        "config: unknown top-level key 'taging' (did you mean 'tagging'?), 'zzz'; the keys are benchmarks, "
+        "config: unknown key 'taging' (did you mean 'tagging'?); the keys of the config are benchmarks, "
         "export, models, parity, "),
+    "unknown nested key": (
+        {"tagging": {"resampels": 3}},
+        "config: unknown key 'tagging.resampels' (did you mean 'tagging.resamples'?); the keys of tagging "
+        "are comparisons, defaults, "),
+    "unknown key in a list's entry": (
+        {"models": [{"name": "x", "source": "hf", "repo": "a/b", "revison": "abc"}]},
+        "config: unknown key 'models[0].revison' (did you mean 'models[0].revision'?)"),
+    "wrong type": (
+        {"export": {"opset": "17"}},
+        "config: export.opset is '17' (a string); give an integer"),
+    "out of range": (
+        {"tagging": {"resamples": -1}},
+        "config: tagging.resamples is -1; give a value with minimum "),
     "run compared with itself": (
         {"tagging": {"comparisons": [["minilm-frozen-mean", "baseline"], ["minilm-frozen-mean"] * 2]}},
         "config: tagging.comparisons compares 'minilm-frozen-mean' with itself (a difference of 0 by "
@@ -88,7 +101,7 @@ GUARDS = {
 
 
 # The config of test_an_unknown_top_level_key_is_one_line_not_the_schema.
-ONE_LINE = {"taging": {}}
+ONE_LINE = {"taging": {}, "tagging": {"resampels": 3}}
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +142,10 @@ def test_each_guard_refuses_its_config_with_its_message(dry_runs, guard):
         assert listed == sorted(listed) and "tagging_train" in listed and "export_table" not in listed
 
 
-def test_an_unknown_top_level_key_is_one_line_not_the_schema(dry_runs):
+def test_an_unknown_key_at_any_depth_is_one_line_not_the_schema(dry_runs):
     printed = refusal(dry_runs, "one line")
-    line = next(x for x in printed.splitlines() if "unknown top-level key" in x)
+    line = next(x for x in printed.splitlines() if "config: unknown key 'taging'" in x)
     assert line.endswith(", texts, threads, timing, treebank, writeback")
+    nested = next(x for x in printed.splitlines() if "config: unknown key 'tagging.resampels'" in x)
+    assert "did you mean 'tagging.resamples'?" in nested
     assert len(printed.splitlines()) < 20 and "additionalProperties" not in printed

@@ -95,6 +95,11 @@ def dry_runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
                                    targets=("all",)),
         "gpu none": _dry_run_argv(folder, {"resources": {name: {"gpu": 0} for name in asking}}, "--profile",
                                   "profiles/slurm", "config/paper.yaml", targets=("all",)),
+        # The student's distillation with 1 and 2 processes; "2" as a string, as --config passes it.
+        **{f"processes {n}": ["-n", "-p", "--forcerun", "student_distill", "results/student/student.pt",
+                              "--profile", "profiles/slurm", "--cores", "64", "--configfile",
+                              "config/paper.yaml", *_configfile(folder, {"student": {"processes": n}})]
+           for n in (1, "2")},
     }
     return dict(zip(argvs, snakemake_each(*argvs.values()), strict=True))
 
@@ -183,3 +188,19 @@ def test_the_cluster_profile_names_partitions_and_slurm_options_only(rules):
         assert rules[name]["local"], name
     for name in ("tagging_train", "student_distill", "export_model", "parity_latency", "retrieval_export"):
         assert not rules[name]["local"], name
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_students_job_asks_for_what_its_processes_need(dry_runs, processes):
+    """student.processes: the job asks for mem_mb and gpu per process times the processes, and each
+    process runs the job's threads divided among them (a cluster dry run, 64 cores given)."""
+    result = dry_runs[f"processes {1 if processes == 1 else '2'}"]
+    jobs = [job for job in _jobs(result) if job[0] == "student_distill"]
+    assert len(jobs) == 1, result.stdout
+    _, threads, resources = jobs[0]
+    per_process = PAPER["resources"]["student_distill"]
+    assert int(resources["mem_mb"]) == per_process["mem_mb"] * processes
+    assert int(resources["gpu"]) == per_process.get("gpu", 0) * processes
+    command = next(line for line in result.stdout.splitlines() if "student distill" in line)
+    assert f"--threads {threads // processes} " in command
+    assert ("torchrun" in command and f"--nproc-per-node {processes}" in command) == (processes > 1)

@@ -13,10 +13,12 @@ from encoder_study import cli
 from encoder_study.provenance import deps
 
 BAD_CONFIGS = {
-    "models:\n  - {name: x, source: tiny, architecture: a.json, seed: zero}\n": "'zero' is not of type",
-    "exprot: {}\n": "unknown top-level key 'exprot'",
-    "models:\n  - {name: x, source: hf, repo: a/b, revison: abc}\n": "'revison' was unexpected",
-    "export: {opset: \"17\"}\n": "'17' is not of type 'integer'",
+    "models:\n  - {name: x, source: tiny, architecture: a.json, seed: zero}\n":
+        "config: models[0].seed is 'zero' (a string); give an integer",
+    "exprot: {}\n": "config: unknown key 'exprot' (did you mean 'export'?)",
+    "models:\n  - {name: x, source: hf, repo: a/b, revison: abc}\n":
+        "config: unknown key 'models[0].revison' (did you mean 'models[0].revision'?)",
+    "export: {opset: \"17\"}\n": "config: export.opset is '17' (a string); give an integer",
 }
 
 

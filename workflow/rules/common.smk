@@ -180,6 +180,13 @@ def resources_of(rule):
     return {**found, "gpu": gpus} if gpus else found
 
 
+def resources_per_process(rule, processes):
+    """resources_of where one job runs `processes` processes (torchrun). The config's mem_mb and gpu
+    are per process, so the job asks for that many times each; the runtime is the job's."""
+    found = resources_of(rule)
+    return {**found, **{key: found[key] * processes for key in ("mem_mb", "gpu") if key in found}}
+
+
 def _model_specs(entries):
     specs = {}
     for entry in entries:
@@ -318,9 +325,29 @@ def student_corpus_options():
     return options
 
 
+def _processes(value):
+    """student.processes as a number: `--config 'student={processes: 2}'` gives Snakemake's string '2'."""
+    try:
+        processes = int(value)
+    except (TypeError, ValueError):
+        processes = 0
+    if processes < 1 or str(processes) != str(value).strip():
+        raise WorkflowError(f"config: student.processes is {value!r}; give a whole number of at least 1")
+    return processes
+
+
+STUDENT_PROCESSES = _processes(STUDENT_CFG["processes"])
+
+
+def student_threads(wildcards, threads):
+    """Each of the student's processes runs the job's threads divided among them (at least one), so that
+    together they fit the allocation."""
+    return max(1, threads // STUDENT_PROCESSES)
+
+
 def student_launcher():
     """One process runs the command itself; several run it under torchrun (data parallel)."""
-    processes = int(STUDENT_CFG["processes"])
+    processes = STUDENT_PROCESSES
     if processes == 1:
         return "encoder-study"
     return f"PYTHONHASHSEED=0 torchrun --standalone --nproc-per-node {processes} -m encoder_study.cli"

@@ -27,6 +27,7 @@ rule student_distill:
         checkpoint="results/checkpoints/student/distill.pt",
         device=STUDENT_CFG["device"],
         precision=STUDENT_CFG["precision"],
+        threads=student_threads,
     threads: threads_for("student_distill")
     priority: CHAIN_PRIORITY
     # The command saves a checkpoint every training.chunk_steps steps and resumes from it when rerun.
@@ -35,14 +36,15 @@ rule student_distill:
         "logs/student/student_distill.log",
     benchmark:
         "results/benchmarks/student_distill.tsv"
-    resources: **resources_of("student_distill")
+    # With student.processes > 1 (torchrun), the config's mem_mb and gpu are per process.
+    resources: **resources_per_process("student_distill", STUDENT_PROCESSES)
     conda:
         CONDA_ENV
     shell:
         "{params.launcher} student distill --teacher-dir {params.teacher_dir:q} {params.corpus}"
         " --student {params.student:q} --training {params.training:q} --checkpoint {params.checkpoint:q}"
         " --out {output.weights:q} --loss-log {output.log:q} --plot {output.plot:q}"
-        " --threads {threads} --device {params.device} --precision {params.precision}"
+        " --threads {params.threads} --device {params.device} --precision {params.precision}"
         " --provenance {output.prov:q} >> {log:q} 2>&1"
 
 
