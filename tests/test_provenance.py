@@ -444,3 +444,21 @@ def test_a_reader_of_a_rewritten_fragment_is_named_stale(tmp_path):
     assert len(problems) == 1 and "provenance_crate.json" in problems[0]
     assert "rewritten by a later run of its rule" in problems[0]
     assert "`all` rebuilds the run crate" in problems[0]
+
+
+def test_an_edited_joined_provenance_is_changed_since_the_run_not_rewritten(tmp_path):
+    """The crate reads each recipe's PROVENANCE.md: one edited by hand is named as changed since the run,
+    not as rewritten by a later run of its rule (which a joined file has not: join is no fragment)."""
+    frag, _, _ = _fragment(tmp_path)
+    root = tmp_path / "provenance"
+    joined = root / "x" / "PROVENANCE.md"
+    join(frag.parent.name, [frag], joined)
+    reader = root / "provenance" / "provenance_crate.md"
+    with provenance.Fragment(reader, {}, threads=1, argv=["encoder-study", "crate"]) as f:
+        f.inputs.append(joined)
+        f.outputs.append(reader)
+    assert verify(root, ".") == []
+    joined.write_text(joined.read_text(encoding="utf-8") + "an edit\n", encoding="utf-8")
+    problems = verify(root, ".")
+    assert len(problems) == 1 and "PROVENANCE.md changed since the run (edited" in problems[0]
+    assert "rewritten by a later run" not in problems[0]

@@ -265,8 +265,15 @@ def test_loading_refuses_changed_encoder_files_naming_the_file_and_both_hashes(t
     with pytest.raises(files.IntegrityError, match=r"model\.onnx .*expected SHA-256"):
         pipeline.load(path, model_dir=tiny_exports["xlmr-tiny"])  # another model given at load time
     (tmp_path / "not-a-pipeline.safetensors").write_bytes(b"nonsense")
-    with pytest.raises(pipeline.PipelineError, match="cannot read the pipeline file"):
+    with pytest.raises(pipeline.PipelineError, match="the pipeline file is damaged or not a safetensors"):
         pipeline.load(tmp_path / "not-a-pipeline.safetensors")
+    damaged = tmp_path / "damaged" / pipeline.FILE_NAME  # a real one whose header was overwritten
+    damaged.parent.mkdir()
+    damaged.write_bytes(b"\xff" * 16 + path.read_bytes()[16:])
+    with pytest.raises(pipeline.PipelineError, match="damaged .*rebuild it: snakemake --cores all -f "):
+        pipeline.load(damaged)
+    with pytest.raises(pipeline.PipelineError, match="no such pipeline file"):
+        pipeline.load(tmp_path / "nowhere" / pipeline.FILE_NAME)
 
 
 # -- the command ---------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from ..core import files
-from . import ProvenanceError, canonical_name, distributions, twin
-from .records import fragments_under, read_environment, record_name, records_under
+from . import JOINED_NAME, ProvenanceError, canonical_name, distributions, twin
+from .records import fragments_under, read_environment, read_record, record_name, records_under
 
 # `verify --fast`'s hashes, under the folder the recorded paths are relative to (see HashCache).
 FAST_CACHE = ".snakemake/encoder-study/verify-hashes.json"
@@ -124,16 +124,33 @@ def verify(root: str | os.PathLike, base: str | os.PathLike, env: bool = False,
                 continue
             actual = sha256(target)
             if actual != digest:
-                # A fragment that changed under a later reader (the run crate reads every fragment)
-                # was rewritten by a rerun of its own rule: the reader is stale, not the files.
-                hint = (f"; {name} was rewritten by a later run of its rule, so rerun the rule that wrote "
-                        f"{path.name} (`all` rebuilds the run crate)"
-                        if Path(name).suffix in (".md", ".json") and Path(name).is_relative_to(root) else "")
+                hint = _changed_hint(name, path, root, base)
                 problems.append(f"{path}: {name} changed: recorded sha256 {digest} ({size} bytes), "
                                 f"now {actual} ({target.stat().st_size} bytes){hint}")
     if env:
         problems += environment_differences([r for _, r in records], base=base)
     return problems
+
+
+def _changed_hint(name: str, reader: Path, root: str | os.PathLike, base: str | os.PathLike) -> str:
+    """What a changed file under the fragments' root most likely is. A fragment that is whole (its
+    Markdown the one its twin records) was rewritten by a later run of its own rule: the reader (the run
+    crate reads every fragment) is stale, not the file. Anything else there (a joined PROVENANCE.md, a
+    fragment that no longer matches its twin) changed since the run."""
+    file = Path(name)
+    if file.suffix not in (".md", ".json") or not file.is_relative_to(root):
+        return ""
+    markdown, record = Path(base) / file.with_suffix(".md"), Path(base) / file.with_suffix(".json")
+    try:
+        whole = (file.name != JOINED_NAME and markdown.is_file()
+                 and files.sha256_file(markdown) == read_record(record).get("markdown", {}).get("sha256"))
+    except ProvenanceError:
+        whole = False
+    if whole:
+        return (f"; {name} was rewritten by a later run of its rule, so rerun the rule that wrote "
+                f"{reader.name} (`all` rebuilds the run crate)")
+    return (f"; {name} changed since the run (edited, or written again without its rule): restore it, or "
+            "rerun `all` to write it and the run crate again")
 
 
 def _environment_problems(path: Path, record: dict, base: str | os.PathLike, hashed: dict[Path, str]

@@ -267,13 +267,16 @@ def read(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"{path}: no such pipeline file; give a pipeline.safetensors that `tagging "
+                            "train` or `writeback pipeline` wrote")
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 -- not a dict
     except (OSError, SafetensorError) as err:
-        raise PipelineError(f"{path}: cannot read the pipeline file ({err}); it is missing or not a "
-                            "safetensors file written by encoder_study.recipes.tagging.pipeline") from err
+        raise PipelineError(f"{path}: the pipeline file is damaged or not a safetensors file ({err}); "
+                            f"{artefacts.rebuild(path)}") from err
     try:
         settings = json.loads(metadata[METADATA_KEY])
     except (KeyError, json.JSONDecodeError) as err:
