@@ -196,6 +196,8 @@ def test_the_command_writes_the_table_then_refuses_a_request_below_a_peak(measur
         str(measured / "benchmarks"),
         "--margin",
         "1.5",
+        "--below-margin",
+        "warn",
         "--config-name",
         "config/paper.yaml",
         "--out",
@@ -219,6 +221,28 @@ def test_the_command_writes_the_table_then_refuses_a_request_below_a_peak(measur
     assert run(*args, "--requests", json.dumps(low)) == 2
     err = capsys.readouterr().err
     assert "rule export_model" in err and "resources.export_model.mem_mb to at least 5000" in err
+
+
+def test_a_request_below_the_margin_is_warned_or_refused_as_the_config_says(measured, capsys):
+    """The margin the config keeps (peak x 1.5): a request that holds the peak (3100 MB) but not the
+    margin is a warning line by default and a refusal with below_margin fail; above it, nothing."""
+    out, run = measured / "out", cli_runner("rehearsal")
+    args = ["resources", "--provenance-root", str(measured / "provenance"), "--benchmarks",
+            str(measured / "benchmarks"), "--margin", "1.5", "--config-name", "config/paper.yaml",
+            "--out", str(out / "resources.csv"), "--markdown", str(out / "resources.md"),
+            "--provenance", str(measured / "provenance/rehearsal/rehearsal_resources.md")]
+    thin = {"export_model": {"mem_mb": 3500, "runtime": 60},
+            "student_distill": {"mem_mb": 8000, "runtime": 60}}
+    line = ("rule export_model: resources.export_model.mem_mb is 3500 in config/paper.yaml, 1.13 x its "
+            "measured peak of 3100 MB, below the margin 1.5; raise it to 5000")
+    capsys.readouterr()
+    assert run(*args, "--below-margin", "warn", "--requests", json.dumps(thin)) == 0
+    assert capsys.readouterr().err.splitlines() == [f"WARNING: {line}"]
+    assert run(*args, "--below-margin", "fail", "--requests", json.dumps(thin)) == 2
+    assert line in capsys.readouterr().err
+    enough = {**thin, "export_model": {"mem_mb": 5000, "runtime": 60}}
+    assert run(*args, "--below-margin", "fail", "--requests", json.dumps(enough)) == 0
+    assert "WARNING" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("reset", [False, True])

@@ -66,6 +66,7 @@ rule rehearsal_resources:
         requests=lambda wc: json.dumps({r.name: {k: resources_for(r.name, k) for k in ("mem_mb", "runtime")}
                                         for r in workflow.rules}, sort_keys=True),
         margin=REHEARSAL["margin"],
+        below_margin=REHEARSAL["below_margin"],
         configs=lambda wc: ", ".join(str(f) for f in workflow.configfiles) or "the config",
     log:
         "logs/rehearsal/rehearsal_resources.log",
@@ -74,5 +75,8 @@ rule rehearsal_resources:
         CONDA_ENV
     shell:
         "encoder-study rehearsal resources --requests {params.requests:q} --provenance-root provenance"
-        " --benchmarks results/benchmarks --margin {params.margin} --config-name {params.configs:q}"
-        " --out {output.table:q} --markdown {output.markdown:q} --provenance {output.prov:q} > {log:q} 2>&1"
+        " --benchmarks results/benchmarks --margin {params.margin} --below-margin {params.below_margin}"
+        " --config-name {params.configs:q} --out {output.table:q} --markdown {output.markdown:q}"
+        " --provenance {output.prov:q} > {log:q} 2>&1"
+        # A request below the margin, warned: shown in Snakemake's own output, not only in the log.
+        "; grep '^WARNING: ' {log:q} >&2 || true"

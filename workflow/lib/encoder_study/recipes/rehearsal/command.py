@@ -4,7 +4,7 @@
         --streams '[{"dataset": "HuggingFaceFW/fineweb-2", "local": "results/rehearsal/streams/...", ...}]' \\
         --provenance provenance/rehearsal/rehearsal_streams.md
     encoder-study rehearsal resources --requests '{"export_model": {"mem_mb": 24000, "runtime": 60}, ...}' \\
-        --provenance-root provenance --benchmarks results/benchmarks --margin 1.5 \\
+        --provenance-root provenance --benchmarks results/benchmarks --margin 1.5 --below-margin warn \\
         --config-name config/paper.yaml --out results/rehearsal/resources.csv \\
         --markdown results/rehearsal/resources.md --provenance provenance/rehearsal/rehearsal_resources.md
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ... import provenance
 
@@ -42,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--provenance-root", required=True, help="provenance/: the fragments' twins")
     p.add_argument("--benchmarks", required=True, help="results/benchmarks: Snakemake's benchmark files")
     p.add_argument("--margin", type=float, required=True, help="the suggested mem_mb is the peak times this")
+    p.add_argument("--below-margin", choices=["warn", "fail"], required=True,
+                   help="a request that holds its peak but not the margin: a warning, or a refusal")
     p.add_argument("--config-name", required=True, help="where the requests come from, for the messages")
     p.add_argument("--out", required=True, help="results/rehearsal/resources.csv")
     p.add_argument("--markdown", required=True, help="results/rehearsal/resources.md")
@@ -71,4 +74,11 @@ def resources(args) -> int:
         if problems:
             raise rehearsal.RehearsalError("requests below the measured peaks (the table is in "
                                            f"{args.out}):\n" + "\n".join(problems))
+        short = measured.below_margin(rows, args.margin, args.config_name)
+        if short and args.below_margin == "fail":
+            raise rehearsal.RehearsalError("requests below the configured margin (rehearsal.below_margin: "
+                                           f"fail; the table is in {args.out}):\n" + "\n".join(short))
+        for line in short:
+            print(f"WARNING: {line}", file=sys.stderr)
+            frag.note(f"below the margin: {line}")
     return 0

@@ -106,6 +106,16 @@ def check(rows: Iterable[Mapping], config_name: str = "the config") -> list[str]
             for r in rows if None not in (r["peak_mb"], r["mem_mb"]) and r["mem_mb"] < r["peak_mb"]]
 
 
+def below_margin(rows: Iterable[Mapping], margin: float, config_name: str = "the config") -> list[str]:
+    """One message per rule whose request holds its measured peak but not the margin the config says
+    requests keep (`rehearsal.margin`): a rule whose memory grew since its request was set."""
+    return [f"rule {r['rule']}: resources.{r['rule']}.mem_mb is {r['mem_mb']} in {config_name}, "
+            f"{r['mem_mb'] / r['peak_mb']:.2f} x its measured peak of {r['peak_mb']} MB, below the margin "
+            f"{margin:g}; raise it to {r['suggested_mem_mb']}"
+            for r in rows if None not in (r["peak_mb"], r["mem_mb"])
+            and r["peak_mb"] <= r["mem_mb"] < r["peak_mb"] * margin]
+
+
 def markdown(rows: Iterable[Mapping], margin: float) -> str:
     """The table in Markdown, with what it measured above it."""
     header = ["rule", "jobs", "peak MB", "from", "longest job s", "mem_mb asked", "runtime asked (min)",
