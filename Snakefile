@@ -71,6 +71,7 @@ localrules:
     parity_table_trainable,
     parity_table_latency,
     student,
+    student_stage,
     tagging,
     tagging_tables,
     tagging_per_tag,

@@ -42,10 +42,16 @@ sys.exit(cli.main(json.loads(sys.argv[2])))
 student = cli_runner("student")
 
 
-def train_argv(teacher, out, udhr=True) -> list[str]:
-    return ["distill", "--teacher-dir", str(teacher),
-            "--tatoeba", str(ROOT / "config/texts/tatoeba_sample.tsv"),
+def stage_argv(out, udhr=True) -> list[str]:
+    return ["stage", "--tatoeba", str(ROOT / "config/texts/tatoeba_sample.tsv"),
             *(["--udhr", str(ROOT / "config/texts/udhr_sample")] if udhr else []),
+            "--out", str(out / "corpus/corpus.jsonl"), "--provenance", str(out / "prov/student_stage.md")]
+
+
+def train_argv(teacher, out, udhr=True) -> list[str]:
+    """`student distill` on the embedded sample, staged first (`student stage`) as the rules do."""
+    assert student(*stage_argv(out, udhr)) == 0
+    return ["distill", "--teacher-dir", str(teacher), "--corpus", str(out / "corpus/corpus.jsonl"),
             "--student", json.dumps(SHAPE), "--training", json.dumps(TRAINING),
             "--checkpoint", str(out / "checkpoints/distill.pt"), "--out", str(out / "student.pt"),
             "--loss-log", str(out / "training.csv"), "--plot", str(out / "training.png"), "--threads", "1",
@@ -70,7 +76,8 @@ def distilled(tiny_exports, tmp_path_factory):
 
 def test_train_resumes_after_a_crash_and_writes_outputs_once_done(distilled):
     out = distilled["dir"]
-    assert distilled["after_crash"] == {"step": 3, "outputs": []}  # the chunk's checkpoint, nothing else
+    # The chunk's checkpoint, nothing else (the staged corpus and its fragment were there before).
+    assert distilled["after_crash"] == {"step": 3, "outputs": ["prov"]}
     assert distilled["code"] == 0
     assert not (out / "checkpoints/distill.pt").exists(), "the finished run removes its checkpoint"
     assert (out / "student.pt").read_bytes() == (distilled["whole"] / "student.pt").read_bytes()
@@ -117,7 +124,8 @@ def test_bad_settings_are_refused_with_a_message(distilled, tmp_path, capsys):
     assert student(*argv) == 2
     err = capsys.readouterr().err
     assert "encoder-study student distill: error:" in err and "stpes" in err
-    assert not list(tmp_path.iterdir())
+    assert sorted(p.name for p in (tmp_path / "prov").iterdir()) == ["student_stage.json", "student_stage.md"]
+    assert not list(tmp_path.glob("*.pt")) and not (tmp_path / "training.csv").exists()
 
 
 def test_torchrun_resumes_after_a_crash_and_writes_on_rank_0_only(tiny_exports, tmp_path):
@@ -135,7 +143,7 @@ def test_torchrun_resumes_after_a_crash_and_writes_on_rank_0_only(tiny_exports, 
     assert first.returncode != 0 and "test-only stop" in first.stderr, first.stderr[-3000:]
     assert (whole / "student.pt").is_file() and not (whole / "checkpoints/distill.pt").exists()
     assert torch.load(resumed / "checkpoints/distill.pt", weights_only=True)["step"] == 3
-    assert not (resumed / "student.pt").exists() and not (resumed / "prov").exists()
+    assert not (resumed / "student.pt").exists() and not (resumed / "prov/student_distill.md").exists()
     run = subprocess.run([*launcher, "-m", "encoder_study.cli", *argv[resumed]], env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -68,13 +68,16 @@ def test_weights_follow_the_square_root_of_each_languages_amount_in_the_source()
 def test_a_dry_run_of_the_full_study_resolves_and_passes_the_corpus_to_distillation():
     result = snakemake("-n", "-p", "--cores", "8", "all", "--configfile", str(PAPER))
     assert result.returncode == 0, result.stderr
+    # The streams are read by the local stage rule; the distillation reads its file and the amounts.
+    stage = [line for line in result.stdout.splitlines() if "student stage" in line]
     commands = [line for line in result.stdout.splitlines() if "student distill" in line]
-    assert len(commands) == 1, commands
+    assert len(stage) == 1 and len(commands) == 1, (stage, commands)
+    staged = shlex.split(stage[0].split("Shell command:", 1)[-1])
     argv = shlex.split(commands[0].split("Shell command:", 1)[-1])
-    streams = json.loads(argv[argv.index("--streams") + 1])
-    amounts = json.loads(argv[argv.index("--amounts") + 1])
     corpus = paper_corpus()
-    assert streams == corpus["streams"] and amounts == corpus["amounts"]
+    assert json.loads(staged[staged.index("--streams") + 1]) == corpus["streams"]
+    assert json.loads(argv[argv.index("--amounts") + 1]) == corpus["amounts"]
+    assert "--streams" not in argv and argv[argv.index("--corpus") + 1] == "results/student/corpus.jsonl"
     for rule in ("student_export", "student_parity", "tagging_train", "retrieval_export"):
         assert f"rule {rule}:" in result.stdout, rule
 
@@ -149,7 +152,8 @@ def fake_datasets(calls):
     return types.SimpleNamespace(load_dataset=load_dataset, get_dataset_config_names=get_dataset_config_names)
 
 
-def distill_argv(teacher, out, revision) -> list[str]:
+def distill_argv(teacher, out, revision) -> tuple[list[str], list[str]]:
+    """`student stage` then `student distill`, as the rules run them."""
     streams = [{"dataset": "HuggingFaceFW/fineweb-2", "revision": revision,
                 "configs": {"fra": "fra_Latn", "deu": "deu_Latn"}},
                {"dataset": "wikimedia/wikipedia", "revision": revision, "configs": {"eng": "20231101.en"}}]
@@ -157,12 +161,15 @@ def distill_argv(teacher, out, revision) -> list[str]:
              "max_positions": 64}
     training = {"steps": 2, "batch_windows": 2, "window_lengths": [16], "chunk_steps": 2, "log_every": 1,
                 "stats_windows": 4}
-    return ["student", "distill", "--teacher-dir", str(teacher), "--streams", json.dumps(streams),
-            "--amounts", json.dumps({"fra": 4.0, "deu": 9.0, "eng": 16.0}),
-            "--student", json.dumps(shape), "--training", json.dumps(training),
-            "--checkpoint", str(out / "distill.pt"), "--out", str(out / "student.pt"),
-            "--loss-log", str(out / "training.csv"), "--plot", str(out / "training.png"), "--threads", "1",
-            "--device", "cpu", "--precision", "fp32", "--provenance", str(out / "student_distill.md")]
+    amounts = json.dumps({"fra": 4.0, "deu": 9.0, "eng": 16.0})
+    stage = ["student", "stage", "--streams", json.dumps(streams), "--amounts", amounts,
+             "--out", str(out / "corpus.jsonl"), "--provenance", str(out / "student_stage.md")]
+    return stage, ["student", "distill", "--teacher-dir", str(teacher), "--corpus", str(out / "corpus.jsonl"),
+                   "--amounts", amounts, "--student", json.dumps(shape), "--training", json.dumps(training),
+                   "--checkpoint", str(out / "distill.pt"), "--out", str(out / "student.pt"),
+                   "--loss-log", str(out / "training.csv"), "--plot", str(out / "training.png"),
+                   "--threads", "1", "--device", "cpu", "--precision", "fp32",
+                   "--provenance", str(out / "student_distill.md")]
 
 
 @pytest.mark.parametrize("revision", ["", SHA])
@@ -172,21 +179,22 @@ def test_distill_records_the_commit_it_read_and_prints_the_pin_to_give(tiny_expo
     monkeypatch.setitem(sys.modules, "datasets", fake_datasets(calls))
     monkeypatch.setitem(sys.modules, "huggingface_hub", types.SimpleNamespace(HfApi=lambda: hub))
     monkeypatch.setenv("PYTHONHASHSEED", "0")  # cli.main runs in this process
-    assert cli.main(distill_argv(tiny_exports["bert-tiny"], tmp_path, revision)) == 0
+    stage, train = distill_argv(tiny_exports["bert-tiny"], tmp_path, revision)
+    assert cli.main(stage) == 0
     assert {c[2] for c in calls} == {SHA} and len(calls) == 3  # every language read at the commit
     assert hub.calls == ([] if revision else ["HuggingFaceFW/fineweb-2", "wikimedia/wikipedia"])
-    fragment = (tmp_path / "student_distill.md").read_text(encoding="utf-8")
-    record = json.loads((tmp_path / "student_distill.json").read_text(encoding="utf-8"))
+    fragment = (tmp_path / "student_stage.md").read_text(encoding="utf-8")
+    record = json.loads((tmp_path / "student_stage.json").read_text(encoding="utf-8"))
     pins = f"HuggingFaceFW/fineweb-2@{SHA}, wikimedia/wikipedia@{SHA}"
     assert record["settings"]["stream revisions"] == pins
     printed = capsys.readouterr().err
     # Each configuration read says so at once: a long read of the streams is not a silent log.
     assert [line for line in printed.splitlines() if " read " in line and "documents" in line] == [
-        "encoder-study student distill: read HuggingFaceFW/fineweb-2 deu_Latn (deu): 4 documents, "
+        "encoder-study student stage: read HuggingFaceFW/fineweb-2 deu_Latn (deu): 4 documents, "
         f"{4 * len(TEXT) + 4 * len('deu_Latn ') + 4 * 2:,} characters",
-        "encoder-study student distill: read HuggingFaceFW/fineweb-2 fra_Latn (fra): 4 documents, "
+        "encoder-study student stage: read HuggingFaceFW/fineweb-2 fra_Latn (fra): 4 documents, "
         f"{4 * len(TEXT) + 4 * len('fra_Latn ') + 4 * 2:,} characters",
-        "encoder-study student distill: read wikimedia/wikipedia 20231101.en (eng): 4 documents, "
+        "encoder-study student stage: read wikimedia/wikipedia 20231101.en (eng): 4 documents, "
         f"{4 * len(TEXT) + 4 * len('20231101.en ') + 4 * 2:,} characters"]
     for dataset in ("HuggingFaceFW/fineweb-2", "wikimedia/wikipedia"):
         if revision:
@@ -196,6 +204,12 @@ def test_distill_records_the_commit_it_read_and_prints_the_pin_to_give(tiny_expo
             assert f"{dataset}: revision {SHA}: the repository's current commit at this run, not pinned" \
                 in fragment
             assert f"{dataset} read at revision {SHA} (not pinned: put it in the config" in printed
+    # The distillation reads the staged file, never the network.
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    assert cli.main(train) == 0
+    distilled = json.loads((tmp_path / "student_distill.json").read_text(encoding="utf-8"))
+    assert str(tmp_path / "corpus.jsonl") in {f["path"] for f in distilled["files"] if f["role"] == "input"}
 
 
 def test_several_processes_refuse_an_empty_revision(monkeypatch):

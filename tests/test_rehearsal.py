@@ -297,10 +297,13 @@ def test_scaled_down_rehearsal_runs_every_rule_of_the_study_and_measures_it(smal
     ):
         assert int(rows[rule]["peak_mb"]) > 0 and rows[rule]["peak_from"], rule
     assert rows["student_distill"]["mem_mb"] == str(PAPER["resources"]["student_distill"]["mem_mb"])
-    # The student read the stand-ins through the streaming reader; the retrieval graph is the twin's.
-    distill = read_record(copy / "provenance/student/student_distill.json")
-    read = {f["path"] for f in distill["files"] if f["role"] == "input"}
+    # The stage read the stand-ins through the streaming reader, the student the staged corpus; the
+    # retrieval graph is the twin's.
+    stage = read_record(copy / "provenance/student/student_stage.json")
+    read = {f["path"] for f in stage["files"] if f["role"] == "input"}
     assert "results/rehearsal/streams/HuggingFaceFW/fineweb-2/rus_Cyrl.jsonl" in read
+    distill = read_record(copy / "provenance/student/student_distill.json")
+    assert "results/student/corpus.jsonl" in {f["path"] for f in distill["files"] if f["role"] == "input"}
     retrieval = json.loads((copy / "results/retrieval/source/source.json").read_text(encoding="utf-8"))
     assert retrieval["source"] == {"kind": "tiny", "architecture": "config/models/xlmr-tiny.json", "seed": 0}
     exports = json.loads((copy / "results/models/mmbert-base/export.json").read_text(encoding="utf-8"))

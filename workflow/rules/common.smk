@@ -316,13 +316,20 @@ def student_corpus_inputs(wildcards):
 
 
 def student_corpus_options():
+    """`student stage` options: the embedded sample's files, or the streams (and their amounts)."""
     corpus = STUDENT_CFG["corpus"]
     if corpus["source"] == "texts":
         return f"--tatoeba {shlex.quote(text_source('tatoeba'))} --udhr {shlex.quote(text_source('udhr'))}"
-    options = f"--streams {shlex.quote(json.dumps(corpus['streams'], sort_keys=True))}"
-    if corpus.get("amounts"):
-        options += f" --amounts {shlex.quote(json.dumps(corpus['amounts'], sort_keys=True))}"
-    return options
+    return f"--streams {shlex.quote(json.dumps(corpus['streams'], sort_keys=True))} {student_amounts_option()}"
+
+
+def student_amounts_option():
+    """The streams' text per language, for the language weights (`--amounts JSON`); none for the
+    embedded sample, whose weights come from its own characters."""
+    corpus = STUDENT_CFG["corpus"]
+    if corpus["source"] == "texts" or not corpus.get("amounts"):
+        return ""
+    return f"--amounts {shlex.quote(json.dumps(corpus['amounts'], sort_keys=True))}"
 
 
 def _processes(value):

@@ -15,7 +15,7 @@ if REHEARSAL.get("retrieval_model"):
     config["retrieval"]["model"] = REHEARSAL["retrieval_model"]
 
 # paper.yaml's streams (a list of every language) stay as they are; each is read from its stand-ins,
-# which rule rehearsal_streams writes (student_corpus_inputs names them as student_distill's inputs).
+# which rule rehearsal_streams writes (student_corpus_inputs names them as student_stage's inputs).
 STAND_IN_STREAMS = STUDENT_CFG["corpus"]["streams"] if STUDENT_CFG["corpus"]["source"] == "stream" else []
 for _stream in STAND_IN_STREAMS:
     _stream["local"] = f"{REHEARSAL_STREAMS}/{_stream['dataset']}"  # owner/name: two folders

@@ -7,10 +7,30 @@
 # export, reference, parity).
 
 
+# The corpus, read where the network is (a local rule: compute nodes often have none): the streamed
+# datasets at their commits, each configuration checked before any is read, or the embedded sample.
+rule student_stage:
+    input:
+        corpus=student_corpus_inputs,
+        code=lib_code("student", "stage"),
+    output:
+        corpus="results/student/corpus.jsonl",
+        prov=prov("student", "student_stage"),
+    params:
+        corpus=student_corpus_options(),
+    log:
+        "logs/student/student_stage.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study student stage {params.corpus} --out {output.corpus:q} --provenance {output.prov:q}"
+        " > {log:q} 2>&1"
+
+
 rule student_distill:
     input:
         teacher=model_files(STUDENT_CFG["teacher"]),
-        corpus=student_corpus_inputs,
+        corpus=rules.student_stage.output.corpus,
         code=lib_code("student", "distill"),
     output:
         weights="results/student/student.pt",
@@ -20,7 +40,7 @@ rule student_distill:
     params:
         launcher=student_launcher(),
         teacher_dir=lambda wc, input: os.path.dirname(input.teacher[0]),
-        corpus=student_corpus_options(),
+        amounts=student_amounts_option(),
         student=json.dumps(STUDENT_CFG["architecture"], sort_keys=True),
         training=json.dumps(STUDENT_CFG["training"], sort_keys=True),
         # Outside results/student, whose outputs Snakemake deletes when a job fails: a retry resumes.
@@ -41,7 +61,8 @@ rule student_distill:
     conda:
         CONDA_ENV
     shell:
-        "{params.launcher} student distill --teacher-dir {params.teacher_dir:q} {params.corpus}"
+        "{params.launcher} student distill --teacher-dir {params.teacher_dir:q} --corpus {input.corpus:q}"
+        " {params.amounts}"
         " --student {params.student:q} --training {params.training:q} --checkpoint {params.checkpoint:q}"
         " --out {output.weights:q} --loss-log {output.log:q} --plot {output.plot:q}"
         " --threads {params.threads} --device {params.device} --precision {params.precision}"
@@ -108,8 +129,8 @@ rule student_parity:
         " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
-register("student", [rules.student_distill.output.prov, rules.student_export.output.prov,
-                     rules.student_parity.output.prov])
+register("student", [rules.student_stage.output.prov, rules.student_distill.output.prov,
+                     rules.student_export.output.prov, rules.student_parity.output.prov])
 
 
 rule student:

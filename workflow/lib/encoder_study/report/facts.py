@@ -108,12 +108,16 @@ def student_name(run: Run) -> str:
     return str(export["settings"].get("name", "student")) if export else "student"
 
 
-def student_description(settings: Mapping) -> str:
+def student_description(run: Run, settings: Mapping) -> str:
+    """The distilled student from its distillation's settings, and its corpus from `student_stage`'s
+    (runs recorded before the corpus was staged: the distillation's own)."""
     shape = parsed(settings.get("student", "{}"))
     training = parsed(settings.get("training", "{}"))
     teacher = PurePosixPath(str(settings.get("teacher_dir", "?"))).name
+    stage = run.one("student_stage")
     return (f"distilled from {teacher}: {shape.get('layers')} layers of width {shape.get('width')}, "
-            f"{number(training.get('steps'))} steps, seed {training.get('seed')}, on {corpus(settings)}")
+            f"{number(training.get('steps'))} steps, seed {training.get('seed')}, on "
+            f"{corpus(stage['settings'] if stage is not None else settings)}")
 
 
 def corpus(settings: Mapping) -> str:
@@ -307,7 +311,7 @@ def models_summary(run: Run, derived: bool = True) -> str:
                      f"files with seed {seeds}, so their numbers test the pipeline, not the architectures)")
     distill = run.one("student_distill") if derived else None
     if distill is not None:
-        parts.append(f"the {student_name(run)} ({student_description(distill['settings'])})")
+        parts.append(f"the {student_name(run)} ({student_description(run, distill['settings'])})")
     if derived and "retrieval graph" in specs:
         base = specs["retrieval graph"]
         kind = "random" if base.get("source") == "tiny" else "pretrained"
@@ -323,7 +327,7 @@ def facts(records: Sequence[Mapping]) -> dict[str, str]:
     kinds = {name: model_kind(spec) for name, spec in specs.items()}
     distill = run.one("student_distill")
     if distill is not None:
-        words[student_name(run)] = student_description(distill["settings"])
+        words[student_name(run)] = student_description(run, distill["settings"])
         kinds[student_name(run)] = "distilled"
     found = {
         "treebank": treebank(run),

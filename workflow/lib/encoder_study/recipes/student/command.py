@@ -1,6 +1,10 @@
-"""`encoder-study student distill|export|parity`: the student recipe (library: encoder_study.recipes.student).
+"""`encoder-study student stage|distill|export|parity`: the student recipe (library:
+encoder_study.recipes.student).
 
-    encoder-study student distill --teacher-dir results/models/minilm --tatoeba T --udhr U \\
+    encoder-study student stage --tatoeba T --udhr U --out results/student/corpus.jsonl --provenance P
+    encoder-study student stage --streams '[{"dataset": ..., "configs": {...}}]' --amounts '{...}' \\
+        --out results/student/corpus.jsonl --provenance P
+    encoder-study student distill --teacher-dir results/models/minilm --corpus results/student/corpus.jsonl \\
         --student '{"layers": 3, ...}' --training '{"steps": 300, "chunk_steps": 150, ...}' \\
         --checkpoint results/checkpoints/student/distill.pt --out results/student/student.pt \\
         --loss-log results/student/training.csv --plot results/student/training.png --threads 1 \\
@@ -11,9 +15,11 @@
     encoder-study student parity --student results/student/student.pt --export-dir results/models/student \\
         --texts results/texts/parity_texts.jsonl --out results/student/parity.csv --threads 1 --provenance P
 
-`distill` saves its checkpoint every `chunk_steps` steps and goes on; run after a crash, it resumes from
-the checkpoint, and once every output is written it removes it. Under `torchrun` every rank runs
-the command and only rank 0 writes outputs, the provenance fragment, and removes the checkpoint.
+`stage` runs where the network is (a local rule) and writes the documents; `distill` reads them and
+needs none. `distill` saves its checkpoint every `chunk_steps` steps and goes on; run after a crash,
+it resumes from the checkpoint, and once every output is written it removes it. Under `torchrun`
+every rank runs the command and only rank 0 writes outputs, the provenance fragment, and removes the
+checkpoint.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ def _stream_notes(frag, pinned) -> None:
             frag.note(f"{dataset}: revision {revision}: the repository's current commit at this run, not "
                       "pinned; put it in the config (student.corpus.streams[].revision) to make the next run "
                       "read the same data")
-            print(f"encoder-study student distill: {dataset} read at revision {revision} (not pinned: put it "
+            print(f"encoder-study student stage: {dataset} read at revision {revision} (not pinned: put it "
                   "in the config's student.corpus.streams[].revision)", file=sys.stderr)
     # The corpora by name (the streams' JSON is left out of the settings: long), for the report's caption.
     frag.settings["streams"] = ", ".join(
@@ -66,6 +72,29 @@ def _stream_notes(frag, pinned) -> None:
         sorted({f"{p.source.dataset}@{p.source.revision}" for p in pinned if p.source.local is None}))
 
 
+def stage(args) -> int:
+    """The corpus the distillation reads, written where the network is (a local rule): the streams
+    pinned and read (every configuration checked first), or the embedded sample."""
+    from . import data
+
+    shown = provenance.settings(args, ("streams", "amounts"))
+    with provenance.Fragment(args.provenance, shown) as frag:
+        if args.streams:
+            pinned = data.pin_streams(args.streams, args.amounts, world_size=1)
+            _stream_notes(frag, pinned)
+            said = lambda line: print(f"encoder-study student stage: read {line}", file=sys.stderr,  # noqa: E731
+                                      flush=True)
+            documents = data.streamed_documents([p.source for p in pinned], said)
+        else:
+            documents = data.embedded_documents(args.tatoeba, args.udhr)
+            frag.inputs += [p for p in (args.tatoeba, args.udhr) if p]
+        count = data.write_corpus(documents, args.out)
+        frag.outputs.append(args.out)
+        frag.note(f"{count} documents staged in {args.out}, which student distill reads (no network there)")
+    print(f"encoder-study student stage: {count} documents -> {args.out}", file=sys.stderr)
+    return 0
+
+
 def distill(args) -> int:
     from ...core import machine, tables
     from . import data
@@ -73,7 +102,7 @@ def distill(args) -> int:
 
     threads = machine.torch_threads(args.threads)
     training = {**args.training, "threads": threads}
-    shown = {**provenance.settings(args, ("student", "training", "streams", "amounts")),
+    shown = {**provenance.settings(args, ("student", "training", "amounts")),
              "student": json.dumps(args.student, sort_keys=True),
              "training": json.dumps(training, sort_keys=True),
              "world size": os.environ.get("WORLD_SIZE", "1")}
@@ -81,25 +110,16 @@ def distill(args) -> int:
     # Ranks other than 0 train alongside and write nothing, not even the fragment.
     fragment = provenance.Fragment(args.provenance, shown, threads=threads)
     with fragment if rank_zero else contextlib.nullcontext() as frag:
-        if args.streams:
-            pinned = data.pin_streams(args.streams, args.amounts, int(os.environ.get("WORLD_SIZE", "1")))
-            if frag is not None:
-                _stream_notes(frag, pinned)
-            said = (lambda line: print(f"encoder-study student distill: read {line}", file=sys.stderr,
-                                       flush=True)) if rank_zero else None
-            documents = list(data.streamed_documents([p.source for p in pinned], said))
-            amounts = args.amounts
-        else:
-            documents, amounts = data.embedded_documents(args.tatoeba, args.udhr), None
+        documents = data.read_corpus(args.corpus)  # staged by `student stage`, where the network is
         rows = library.distill(args.teacher_dir, documents, args.student, training, args.checkpoint, args.out,
-                               amounts=amounts, device=args.device, precision=args.precision,
+                               amounts=args.amounts, device=args.device, precision=args.precision,
                                progress=rank_zero)
         if frag is None:
             return 0
         library.write_log(rows, args.loss_log)
         library.plot_loss(rows, args.plot)
         frag.inputs += [Path(args.teacher_dir) / n for n in manifest.EXPORT_FILES]
-        frag.inputs += [p for p in (args.tatoeba, args.udhr) if p]
+        frag.inputs.append(args.corpus)
         frag.outputs += [args.out, args.loss_log, args.plot]
         frag.table("Training log", tables.markdown_table(
             list(library.LOG_COLUMNS), [[_short(r[c]) for c in library.LOG_COLUMNS] for r in rows]))
@@ -159,14 +179,23 @@ def parser() -> argparse.ArgumentParser:
                                      description="distil, export and check the student encoder")
     sub = result.add_subparsers(required=True)
 
-    p = sub.add_parser("distill", help="distil the student from the teacher (resumes from its checkpoint)")
-    p.set_defaults(run=distill)
+    p = sub.add_parser("stage", help="write the corpus the distillation reads, where the network is: the "
+                       "streamed datasets (each configuration checked first) or the embedded sample")
+    p.set_defaults(run=stage)
     provenance.add_arguments(p)
-    p.add_argument("--teacher-dir", required=True, help="results/models/<teacher> (an export)")
     p.add_argument("--tatoeba", help="the embedded corpus: Tatoeba-format sentences")
     p.add_argument("--udhr", help="the embedded corpus: UDHR XML directory or zip")
     p.add_argument("--streams", type=json.loads, help="JSON list of streamed datasets (the full study)")
     p.add_argument("--amounts", type=json.loads, help="JSON object: text per language for the weights")
+    p.add_argument("--out", required=True, help="results/student/corpus.jsonl")
+
+    p = sub.add_parser("distill", help="distil the student from the teacher (resumes from its checkpoint)")
+    p.set_defaults(run=distill)
+    provenance.add_arguments(p)
+    p.add_argument("--teacher-dir", required=True, help="results/models/<teacher> (an export)")
+    p.add_argument("--corpus", required=True, help="results/student/corpus.jsonl, from `student stage`")
+    p.add_argument("--amounts", type=json.loads, help="JSON object: text per language for the weights "
+                   "(default: the corpus's characters per language)")
     p.add_argument("--student", type=_json_object, required=True,
                    help="JSON: the student's shape (StudentConfig)")
     p.add_argument("--training", type=_json_object, required=True,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -33,6 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from ...core import files
 from ...data import texts
 from ...encoders.tokens import PieceTokenizer
 from ...onnx.runtime import pad_batch
@@ -152,6 +154,45 @@ def embedded_documents(tatoeba: str | os.PathLike | None, udhr: str | os.PathLik
         found += [Document(t.lang, t.text) for t in texts.read_tatoeba(tatoeba)]
     if udhr is not None:
         found += [Document(t.lang, t.text) for t in texts.read_udhr(udhr)]
+    return found
+
+
+# The staged corpus: one JSON object a line, {"lang": ..., "text": ...}, in the order read.
+CORPUS_FORMAT = "encoder-study student corpus 1"
+
+
+def write_corpus(documents: Iterable[Document], path: str | os.PathLike) -> int:
+    """The documents to `path` (written whole or not at all), first a header line naming the format; how
+    many were written. What `student stage` leaves where the network is, for `student distill` to read."""
+    count = 0
+    with files.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
+        out.write(json.dumps({"format": CORPUS_FORMAT}) + "\n")
+        for document in documents:
+            out.write(json.dumps({"lang": document.lang, "text": document.text}, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def read_corpus(path: str | os.PathLike) -> list[Document]:
+    """The documents `write_corpus` wrote; StudentError naming the file, the line and the fix."""
+    fix = files.rebuild(path)
+    found = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise StudentError(f"{path}, line {number}: not JSON ({err}); {fix}") from err
+            if number == 1:
+                if row != {"format": CORPUS_FORMAT}:
+                    raise StudentError(f"{path}: not a staged corpus (no header {CORPUS_FORMAT!r}); {fix}")
+                continue
+            if not (isinstance(row, dict) and isinstance(row.get("lang"), str)
+                    and isinstance(row.get("text"), str)):
+                raise StudentError(f"{path}, line {number}: not a document (lang and text); {fix}")
+            found.append(Document(row["lang"], row["text"]))
+    if not found:
+        raise StudentError(f"{path}: no documents; {fix}")
     return found
 
 
