@@ -183,8 +183,9 @@ def test_the_cluster_profile_names_partitions_and_slurm_options_only(rules):
     assert PROFILE["set-resources"] == {name: {"slurm_extra": "'--exclusive'"} for name in TIMED}
     # Downloads, joins, tables and checks run on the submitting host; models run as jobs.
     rules = rules["paper"]
+    # The student's corpus is streamed from the Hub by a local rule; the GPU job reads the staged file.
     for name in ("export_acquire", "parity_fetch", "tagging_fetch", "tagging_tables", "provenance_join",
-                 "parity_table_latency", "retrieval_verify", "verify"):
+                 "parity_table_latency", "retrieval_verify", "verify", "student_stage"):
         assert rules[name]["local"], name
     for name in ("tagging_train", "student_distill", "export_model", "parity_latency", "retrieval_export"):
         assert not rules[name]["local"], name
