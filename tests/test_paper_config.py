@@ -17,7 +17,7 @@ import yaml
 
 from conftest import ROOT, snakemake
 from encoder_study import cli
-from encoder_study.recipes.student import StudentError, data, distill
+from encoder_study.recipes.student import StudentError, data, distill, sources
 
 PAPER = ROOT / "config" / "paper.yaml"
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -98,14 +98,14 @@ class FakeHub:
 
 
 def source(dataset="HuggingFaceFW/fineweb-2", revision="", **extra):
-    return data.StreamSource.from_dict({"dataset": dataset, "revision": revision,
+    return sources.StreamSource.from_dict({"dataset": dataset, "revision": revision,
                                         "configs": {"fra": "fra_Latn"}, **extra})
 
 
 def test_an_empty_revision_becomes_the_repositorys_current_commit_read_once_per_dataset():
     hub = FakeHub()
     given = [source(), source(configs={"deu": "deu_Latn"}), source("wikimedia/wikipedia", SHA.upper())]
-    resolved = data.resolve_revisions(given, api=hub)
+    resolved = sources.resolve_revisions(given, api=hub)
     assert [s.revision for s in resolved] == [SHA, SHA, SHA]
     assert hub.calls == ["HuggingFaceFW/fineweb-2"], "once per dataset, never for a given revision"
     assert [s.configs for s in resolved] == [s.configs for s in given]
@@ -117,22 +117,22 @@ def test_a_given_revision_is_used_and_checked():
         with pytest.raises(StudentError, match=r"is not a commit \(40 hexadecimal digits\)"):
             source(revision=bad)
     hub = FakeHub(error=AssertionError("a pinned source must not ask the Hub"))
-    assert data.resolve_revisions([source(revision=SHA)], api=hub)[0].revision == SHA
+    assert sources.resolve_revisions([source(revision=SHA)], api=hub)[0].revision == SHA
 
 
 def test_the_hubs_answer_is_checked_and_its_failures_name_the_dataset():
     with pytest.raises(StudentError, match="named no commit"):
-        data.resolve_revisions([source()], api=FakeHub(sha=None))
+        sources.resolve_revisions([source()], api=FakeHub(sha=None))
     with pytest.raises(StudentError, match="is not a commit"):
-        data.resolve_revisions([source()], api=FakeHub(sha="refs/heads/main"))
+        sources.resolve_revisions([source()], api=FakeHub(sha="refs/heads/main"))
     with pytest.raises(StudentError, match=r"HuggingFaceFW/fineweb-2: could not read .* \(offline\)"):
-        data.resolve_revisions([source()], api=FakeHub(error=OSError("offline")))
+        sources.resolve_revisions([source()], api=FakeHub(error=OSError("offline")))
 
 
 def test_amounts_must_cover_every_streamed_language_before_any_download():
-    data.check_amounts([source()], {"fra": 1.0, "deu": 2.0})
+    sources.check_amounts([source()], {"fra": 1.0, "deu": 2.0})
     with pytest.raises(StudentError, match=r"no amount of text given for languages \['deu'\]"):
-        data.check_amounts([source(), source(configs={"deu": "deu_Latn"})], {"fra": 1.0})
+        sources.check_amounts([source(), source(configs={"deu": "deu_Latn"})], {"fra": 1.0})
 
 
 # --- the command ----------------------------------------------------------------------------------------
@@ -217,7 +217,7 @@ def test_several_processes_refuse_an_empty_revision(monkeypatch):
                         types.SimpleNamespace(HfApi=lambda: FakeHub(error=AssertionError("no Hub call"))))
     streams = [{"dataset": "d/x", "revision": "", "configs": {"fra": "f"}}]
     with pytest.raises(StudentError, match=r"\['d/x'\]: with several processes every revision must be given"):
-        data.pin_streams(streams, None, world_size=2)
+        sources.pin_streams(streams, None, world_size=2)
 
 
 def test_pinned_streams_say_which_commit_the_config_gave(tmp_path):
@@ -226,13 +226,13 @@ def test_pinned_streams_say_which_commit_the_config_gave(tmp_path):
     streams = [{"dataset": "d/x", "revision": "", "configs": {"fra": "f"}},
                {"dataset": "d/y", "revision": SHA.upper(), "configs": {"deu": "g"}},
                {"dataset": "d/z", "revision": "", "configs": {"eng": "e"}, "local": str(tmp_path)}]
-    pinned = data.pin_streams(streams, {"fra": 1.0, "deu": 1.0, "eng": 1.0}, world_size=1, api=hub,
+    pinned = sources.pin_streams(streams, {"fra": 1.0, "deu": 1.0, "eng": 1.0}, world_size=1, api=hub,
                               config_names=lambda dataset, revision: ["f", "g"])
     assert [(p.source.dataset, p.source.revision, p.given) for p in pinned] == [
         ("d/x", SHA, False), ("d/y", SHA, True), ("d/z", "", False)]
     assert hub.calls == ["d/x"]  # only the Hub source without a revision asks for the current commit
     with pytest.raises(StudentError, match=r"no amount of text given for languages \['eng'\]"):
-        data.pin_streams(streams, {"fra": 1.0, "deu": 1.0}, world_size=1, api=hub)
+        sources.pin_streams(streams, {"fra": 1.0, "deu": 1.0}, world_size=1, api=hub)
 
 
 def test_a_misspelt_configuration_is_refused_before_any_document_is_read(tmp_path, monkeypatch):
@@ -252,7 +252,7 @@ def test_a_misspelt_configuration_is_refused_before_any_document_is_read(tmp_pat
                {"dataset": "wikimedia/wikipedia", "revision": "", "local": str(tmp_path),
                 "configs": {"fra": "20231101.fr", "eng": "20231101.em"}}]
     with pytest.raises(StudentError) as err:
-        data.pin_streams(streams, None, world_size=1, config_names=names)
+        sources.pin_streams(streams, None, world_size=1, config_names=names)
     message = str(err.value)
     assert message.startswith("3 streamed configuration(s) not found, before any document was read")
     for lang, config in (("deu", "deu_Ltn"), ("ita", "ita_Latn"), ("eng", "20231101.em")):

@@ -18,7 +18,7 @@ from encoder_study import provenance
 from encoder_study.provenance.records import read_record
 from encoder_study.recipes import rehearsal
 from encoder_study.recipes.rehearsal import resources as rehearsal_resources
-from encoder_study.recipes.student import data
+from encoder_study.recipes.student import sources
 
 PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text(encoding="utf-8"))
 REHEARSAL = yaml.safe_load((ROOT / "config/rehearsal.yaml").read_text(encoding="utf-8"))
@@ -113,7 +113,7 @@ def test_stand_ins_are_read_by_the_streaming_reader_in_the_datasets_row_format(t
     again = rehearsal.write_streams(_streams(tmp_path / "again"), documents=3, words=40, seed=0)
     assert [p.read_bytes() for p in again] == [p.read_bytes() for p in written]
 
-    docs = list(data.streamed_documents(streams))  # no revision: a local stand-in needs none
+    docs = list(sources.streamed_documents(streams))  # no revision: a local stand-in needs none
     expected = [
         (lang, row["text"])
         for lang, path in [("fra", "fw/fra_Latn"), ("rus", "fw/rus_Cyrl"), ("eng", "wiki/20231101.en")]

@@ -19,7 +19,7 @@ import torch
 from encoder_study.core import tables
 from encoder_study.encoders.tokens import PieceTokenizer
 from encoder_study.provenance import artefacts
-from encoder_study.recipes.student import StudentError, architecture, data, distill, objective
+from encoder_study.recipes.student import StudentError, architecture, data, distill, objective, sources
 
 ROOT = Path(__file__).resolve().parents[1]
 TATOEBA = ROOT / "config" / "texts" / "tatoeba_sample.tsv"
@@ -214,7 +214,7 @@ def test_corpus_from_documents_and_the_embedded_sample(tiny_exports):
     second, _ = tokenizer.encode("a dog")
     assert corpus.streams["eng"].tolist() == first.tolist() + sep + second.tolist() + sep
     assert corpus.weights["eng"] == pytest.approx(math.sqrt(16) / (math.sqrt(16) + math.sqrt(7)))
-    sample = data.embedded_documents(TATOEBA, UDHR)
+    sample = sources.embedded_documents(TATOEBA, UDHR)
     assert len({d.lang for d in sample}) > 20 and all(d.text for d in sample)
 
 
@@ -227,11 +227,11 @@ def test_streamed_documents_read_pinned_revisions(monkeypatch):
                      {"text": f"{config} three"}])
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    sources = [{"dataset": "HuggingFaceFW/fineweb-2", "revision": "A" * 40,
+    streams = [{"dataset": "HuggingFaceFW/fineweb-2", "revision": "A" * 40,
                 "configs": {"fra": "fra_Latn", "deu": "deu_Latn"}, "max_documents": 3},
                {"dataset": "wikimedia/wikipedia", "revision": "d" * 40, "configs": {"fra": "20231101.fr"},
                 "max_documents": 5, "max_chars": 30}]
-    docs = list(data.streamed_documents(sources))
+    docs = list(sources.streamed_documents(streams))
     assert calls == [("HuggingFaceFW/fineweb-2", "deu_Latn", "train", True, "a" * 40),  # lowercased
                      ("HuggingFaceFW/fineweb-2", "fra_Latn", "train", True, "a" * 40),
                      ("wikimedia/wikipedia", "20231101.fr", "train", True, "d" * 40)]
@@ -240,7 +240,7 @@ def test_streamed_documents_read_pinned_revisions(monkeypatch):
         ("fra", "fra_Latn one"), ("fra", "fra_Latn two"),
         ("fra", "20231101.fr one"), ("fra", "20231101.fr two")]  # 30 characters cap the third
     with pytest.raises(StudentError, match="no revision to stream at"):  # resolve_revisions first
-        list(data.streamed_documents([{"dataset": "x", "revision": "", "configs": {"fra": "f"}}]))
+        list(sources.streamed_documents([{"dataset": "x", "revision": "", "configs": {"fra": "f"}}]))
 
 
 # --- training --------------------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ def crash_before(monkeypatch, step: int) -> None:
 
 def _run(teacher_dir: Path, workdir: Path, chunk_steps: int = 0, **overrides) -> tuple[dict, ...]:
     config = dict(TINY_RUN, chunk_steps=chunk_steps, **overrides)
-    return distill.distill(teacher_dir, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT, config,
+    return distill.distill(teacher_dir, sources.embedded_documents(TATOEBA, UDHR), TINY_STUDENT, config,
                          workdir / "checkpoint.pt", workdir / "student.pt", amounts=None, device=None,
                          progress=False)
 
@@ -325,7 +325,7 @@ def test_a_run_resumed_after_a_crash_gives_the_uninterrupted_weights_bit_for_bit
     assert out.shape == (1, 4, 16) and torch.isfinite(out).all()
     # Another run's settings do not resume this checkpoint.
     with pytest.raises(distill.CheckpointError, match="lr"):
-        distill.distill(teacher, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT,
+        distill.distill(teacher, sources.embedded_documents(TATOEBA, UDHR), TINY_STUDENT,
                       dict(TINY_RUN, lr=1e-3), resumed / "checkpoint.pt", resumed / "other.pt", amounts=None,
                       device=None, progress=False)
 
@@ -333,9 +333,9 @@ def test_a_run_resumed_after_a_crash_gives_the_uninterrupted_weights_bit_for_bit
 _RANK = """
 import json, os
 import torch.distributed as dist
-from encoder_study.recipes.student import data, distill
+from encoder_study.recipes.student import data, distill, sources
 args = json.loads(os.environ["DISTILL_TEST"])
-docs = data.embedded_documents(args["tatoeba"], args["udhr"])
+docs = sources.embedded_documents(args["tatoeba"], args["udhr"])
 right = distill.shard
 for name, shard in (("right", right), ("wrong", lambda rank, world: slice(0, None, world))):
     distill.shard = shard  # "wrong": every rank takes rank 0's windows
@@ -403,7 +403,7 @@ def test_two_ranks_match_one_process_over_the_global_batch(tiny_exports, tmp_pat
 
 def _distill(teacher, workdir, run=TINY_RUN, **kwargs):
     options = {"amounts": None, "device": "cpu", "progress": False, **kwargs}
-    return distill.distill(teacher, data.embedded_documents(TATOEBA, UDHR), TINY_STUDENT, run,
+    return distill.distill(teacher, sources.embedded_documents(TATOEBA, UDHR), TINY_STUDENT, run,
                          workdir / "checkpoint.pt", workdir / "student.pt", **options)
 
 

@@ -75,20 +75,20 @@ def _stream_notes(frag, pinned) -> None:
 def stage(args) -> int:
     """The corpus the distillation reads, written where the network is (a local rule): the streams
     pinned and read (every configuration checked first), or the embedded sample."""
-    from . import data
+    from . import sources
 
     shown = provenance.settings(args, ("streams", "amounts"))
     with provenance.Fragment(args.provenance, shown) as frag:
         if args.streams:
-            pinned = data.pin_streams(args.streams, args.amounts, world_size=1)
+            pinned = sources.pin_streams(args.streams, args.amounts, world_size=1)
             _stream_notes(frag, pinned)
             said = lambda line: print(f"encoder-study student stage: read {line}", file=sys.stderr,  # noqa: E731
                                       flush=True)
-            documents = data.streamed_documents([p.source for p in pinned], said)
+            documents = sources.streamed_documents([p.source for p in pinned], said)
         else:
-            documents = data.embedded_documents(args.tatoeba, args.udhr)
+            documents = sources.embedded_documents(args.tatoeba, args.udhr)
             frag.inputs += [p for p in (args.tatoeba, args.udhr) if p]
-        count = data.write_corpus(documents, args.out)
+        count = sources.write_corpus(documents, args.out)
         frag.outputs.append(args.out)
         frag.note(f"{count} documents staged in {args.out}, which student distill reads (no network there)")
     print(f"encoder-study student stage: {count} documents -> {args.out}", file=sys.stderr)
@@ -97,8 +97,8 @@ def stage(args) -> int:
 
 def distill(args) -> int:
     from ...core import machine, tables
-    from . import data
     from . import distill as library
+    from . import sources
 
     threads = machine.torch_threads(args.threads)
     training = {**args.training, "threads": threads}
@@ -110,7 +110,7 @@ def distill(args) -> int:
     # Ranks other than 0 train alongside and write nothing, not even the fragment.
     fragment = provenance.Fragment(args.provenance, shown, threads=threads)
     with fragment if rank_zero else contextlib.nullcontext() as frag:
-        documents = data.read_corpus(args.corpus)  # staged by `student stage`, where the network is
+        documents = sources.read_corpus(args.corpus)  # staged by `student stage`, where the network is
         rows = library.distill(args.teacher_dir, documents, args.student, training, args.checkpoint, args.out,
                                amounts=args.amounts, device=args.device, precision=args.precision,
                                progress=rank_zero)
