@@ -440,6 +440,8 @@ def test_a_truncated_treebank_stops_the_run_before_snakemake_deletes_anything(tm
             f"tagging_treebank wrote {len(whole):,}") in refused.stderr
     assert "Nothing was run or deleted: rebuild it: snakemake --cores all -f results/treebank/train.conllu" \
         in refused.stderr
+    # The refusal ends with its message, not with Snakemake's traceback frames of common.smk.
+    assert refused.stderr.rstrip().splitlines()[-1].endswith("-f results/treebank/train.conllu")
     assert (copy / target).read_bytes() == scores  # the good results are still there (the rebuild's
     assert rebuilt.returncode == 0, rebuilt.stderr  # target is the treebank alone)
     assert train.read_bytes() == whole

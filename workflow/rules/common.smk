@@ -516,6 +516,16 @@ def check_cluster_fits():
                             + "\n".join(problems))
 
 
+def refuse_to_start():
+    """The checks before any job runs; a refusal ends with its own message, not Snakemake's traceback
+    frames of this file (exit status 1, nothing run, submitted or deleted)."""
+    try:
+        check_cluster_fits()
+        check_recorded_inputs()
+    except WorkflowError as refusal:
+        print(f"Refused before any job ran: {refusal}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
 onstart:
-    check_cluster_fits()
-    check_recorded_inputs()
+    refuse_to_start()
