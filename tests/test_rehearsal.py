@@ -312,3 +312,15 @@ def test_scaled_down_rehearsal_runs_every_rule_of_the_study_and_measures_it(smal
         "architecture": "config/models/modernbert-tiny.json",
         "seed": 0,
     }
+
+
+def test_the_sparse_rows_compare_positive_weights_in_every_case(small_workflow):
+    """The random sparse head's weights are positive (retrieval.heads.SPARSE_BIAS), so every case with a
+    token the head does not ignore compares real numbers, not zeros with zeros; the case of special
+    tokens alone (two a row) has none by construction."""
+    rows = list(csv.DictReader((small_workflow / "results/retrieval/parity.csv").open(encoding="utf-8")))
+    sparse = [r for r in rows if r["output"] == "sparse"]
+    with_words = [r for r in sparse if int(r["tokens"]) > 2 * int(r["rows"])]
+    assert len(with_words) >= 4 and len({r["case"] for r in with_words}) >= 2
+    assert all(float(r["max_value"]) > 0 for r in with_words), with_words
+    assert all(r["allclose"] == "True" for r in sparse)
