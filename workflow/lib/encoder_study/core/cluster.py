@@ -99,25 +99,23 @@ def problems(requests: Iterable[Request], nodes: list[Node], partitions: Mapping
                          f"(profiles/slurm/partitions.yaml names {', '.join(partitions)}; sinfo shows "
                          f"{', '.join(sorted({n.partition for n in nodes}))})")
             continue
-        if any(n.cpus >= request.threads and n.mem_mb >= request.mem_mb and n.gpus >= request.gpus
-               and n.minutes >= request.minutes for n in pool):
+        # Per limit: what the job asks (and the key that sets it), what a node has, how the shortfall reads.
+        limits = ((request.threads, "cpus", f"{request.threads} CPUs ({request.threads_key})",
+                   "the largest node has"),
+                  (request.mem_mb, "mem_mb", f"{request.mem_mb} MB (resources.{request.rule}.mem_mb)",
+                   "the largest node has"),
+                  (request.gpus, "gpus", f"{request.gpus} GPUs (resources.{request.rule}.gpu)",
+                   "the largest node has"),
+                  (request.minutes, "minutes", f"{request.minutes} min (resources.{request.rule}.runtime)",
+                   "the limit is"))
+        if any(all(getattr(n, field) >= asked for asked, field, _, _ in limits) for n in pool):
             continue
         short = []
-        most = max(n.cpus for n in pool)
-        if request.threads > most:
-            short.append(f"{request.threads} CPUs ({request.threads_key}), the largest node has {most}")
-        most = max(n.mem_mb for n in pool)
-        if request.mem_mb > most:
-            short.append(f"{request.mem_mb} MB (resources.{request.rule}.mem_mb), the largest node has "
-                         f"{most}")
-        most = max(n.gpus for n in pool)
-        if request.gpus > most:
-            short.append(f"{request.gpus} GPUs (resources.{request.rule}.gpu), the largest node has "
-                         f"{most}")
-        longest = max(n.minutes for n in pool)
-        if request.minutes > longest:
-            short.append(f"{request.minutes} min (resources.{request.rule}.runtime), the limit is "
-                         f"{longest:g}")
+        for asked, field, what, has in limits:
+            most = max(getattr(n, field) for n in pool)
+            if asked > most:  # a time limit is a float (inf: none); the rest are counts
+                short.append(f"{what}, {has} {most:g}" if isinstance(most, float) else
+                             f"{what}, {has} {most}")
         if not short:  # each alone fits somewhere, but no one node holds them all
             short.append(f"{request.threads} CPUs, {request.mem_mb} MB, {request.gpus} GPUs and "
                          f"{request.minutes} min together")

@@ -105,8 +105,3 @@ RESULTS: dict[str, Result] = {
 LANDING = {"exports": "models_exports", "scores": "tagging_scores", "comparisons": "tagging_comparisons",
            "inference": "parity_inference", "trainable": "parity_trainable", "student": "student_parity",
            "retrieval": "retrieval_parity"}
-
-
-def tables(names=None) -> dict[str, Result]:
-    """The entries with an HTML page in the report (a title), by name; only `names` when given."""
-    return {n: r for n, r in RESULTS.items() if r.title and (names is None or n in names)}

@@ -9,9 +9,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import download, files
+from ..core import download
 from .conllu import Sentence, TreebankError, pinned, read_conllu
 from .texts import TextError
+from .texts import pinned as text_pinned
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,9 @@ def text_source(source: str, dest: str | os.PathLike, sha256: str | None, timeou
 
     With `sha256` pinned, a different file raises IntegrityError (naming the source, the expected and
     the actual SHA-256) and `dest` is left as it was; without, the caller records the returned hash.
-    See files.download.
+    See core.download.download.
     """
-    try:
-        expected = files.pinned(sha256)
-    except ValueError as err:
-        raise TextError(f"SHA-256 for {source}: {err}") from err
+    expected = text_pinned(sha256, f"SHA-256 for {source}")
     try:
         return download.download(source, dest, expected, timeout=timeout)
     except download.DownloadError as err:

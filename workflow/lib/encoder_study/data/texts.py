@@ -42,6 +42,7 @@ from pathlib import Path
 
 import regex
 
+from ..core import files
 from ..core.errors import UserError
 
 UDHR_NS = "http://www.unhchr.ch/udhr"
@@ -136,6 +137,15 @@ class Text:
 
 
 # --- the language registry ------------------------------------------------------------------------
+
+def pinned(sha256: str | None, what: str) -> str | None:
+    """A pinned SHA-256 in lowercase, or None for none ('' or None); a malformed one: TextError naming
+    `what` (the parity selection's sources and their downloads)."""
+    try:
+        return files.pinned(sha256)
+    except ValueError as err:
+        raise TextError(f"{what}: {err}") from err
+
 
 def check_code(code: str, where: str) -> str:
     if not LANG_CODE.fullmatch(code):

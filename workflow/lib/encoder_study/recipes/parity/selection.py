@@ -49,18 +49,10 @@ from ...data.texts import (
     Text,
     TextError,
     language,
+    pinned,
     read_tatoeba,
     read_udhr,
 )
-
-
-def pinned(sha256: str | None, what: str) -> str | None:
-    """A pinned SHA-256 in lowercase, or None for none ('' or None)."""
-    try:
-        return files.pinned(sha256)
-    except ValueError as err:
-        raise TextError(f"{what}: {err}") from err
-
 
 
 def cut(text: str, max_chars: int) -> str:
