@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from conftest import TINY
+from encoder_study.encoders import families
 from encoder_study.onnx import fusion, manifest
 
 
@@ -22,7 +23,7 @@ def run(path, ids, mask) -> np.ndarray:
 def test_every_variant_computes_the_exported_graph(tiny_exports, name, tmp_path):
     config = json.loads((tiny_exports[name] / manifest.CONFIG_FILE).read_text())
     source = tiny_exports[name] / manifest.ONNX_FILE
-    graphs = fusion.variants(source, config, tmp_path)
+    graphs = fusion.variants(source, config, tmp_path, families.of_config(config).ort_model_type)
     assert list(graphs) == list(fusion.VARIANTS) and graphs["exported"][0] == source
     ids = np.random.default_rng(0).integers(5, config["vocab_size"], size=(3, 24), dtype=np.int64)
     mask = np.ones_like(ids)
@@ -45,12 +46,15 @@ def test_settings_per_architecture_and_refusals(tmp_path):
     for kind in ("bert", "xlm-roberta", "modernbert"):
         config = {"model_type": kind, "num_attention_heads": 12, "hidden_size": 768}
         expected = {"model_type": "bert", "num_heads": 12, "hidden_size": 768}
-        assert fusion.optimizer_settings(config) == expected
-    with pytest.raises(fusion.FusionError, match="no ONNX Runtime optimizer model type for .*'gpt2'"):
-        fusion.optimizer_settings({"model_type": "gpt2", "num_attention_heads": 1, "hidden_size": 2})
+        assert fusion.optimizer_settings(config, families.of_config(config).ort_model_type) == expected
+    student = {"model_type": families.student.MODEL_TYPE, "num_attention_heads": 1, "hidden_size": 2}
+    with pytest.raises(fusion.FusionError, match="no ONNX Runtime optimizer model type for .*'encoder_"):
+        fusion.optimizer_settings(student, families.of_config(student).ort_model_type)
+    with pytest.raises(families.FamilyError, match="model_type 'gpt2' is of no encoder family"):
+        families.of_config({"model_type": "gpt2"})
     with pytest.raises(fusion.FusionError, match="unknown graph variant"):
-        fusion.optimize("model.onnx", tmp_path / "x.onnx", {}, "fastest")
+        fusion.optimize("model.onnx", tmp_path / "x.onnx", {}, "fastest", "bert")
     with pytest.raises(fusion.FusionError, match="nothing to write"):
-        fusion.optimize("model.onnx", tmp_path / "x.onnx", {}, "exported")
+        fusion.optimize("model.onnx", tmp_path / "x.onnx", {}, "exported", "bert")
     assert fusion.fused_text({"fused": {"Attention": 2, "BiasGelu": 2}}) == "Attention 2, BiasGelu 2"
     assert fusion.fused_text({"fused": {}}) == "none"

@@ -18,8 +18,9 @@ import torch
 from ..core import machine
 from ..core.errors import UserError
 from ..onnx import manifest
-from ..onnx.runtime import OUTPUT, ort_session, pad_batch, usable_positions
+from ..onnx.runtime import OUTPUT, ort_session, pad_batch
 from . import reference
+from .families import usable_positions
 from .tokens import TextPieces
 
 COMPARISONS = ("trainable vs pytorch", "trainable vs graph runtime", "graph runtime vs pytorch")

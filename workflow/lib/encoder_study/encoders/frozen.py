@@ -19,7 +19,8 @@ import numpy as np
 from ..core import machine
 from ..core.errors import UserError
 from ..onnx import manifest, runtime
-from ..onnx.runtime import INPUTS, OPTIMIZATIONS, OUTPUT, usable_positions
+from ..onnx.runtime import INPUTS, OPTIMIZATIONS, OUTPUT
+from .families import usable_positions
 from .tokens import Doc, PieceTokenizer, check_pooling
 
 RUNS_AT_ONCE = 16  # batches run back to back before their outputs are read (see _run)

@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..core import machine
+from . import families
 
 BLOCK_SECONDS = 0.25  # turns of ONNX Runtime against PyTorch (see measure)
 # A path whose calls take this long starts its block without an untimed call: it would double the cell's
@@ -83,7 +84,7 @@ class Shape:
     def from_config(cls, config: Mapping) -> Shape:
         """From a Hugging Face style config (an export's model.config.json)."""
         return cls(layers=int(config["num_hidden_layers"]), width=int(config["hidden_size"]),
-                   ffn=int(config["intermediate_size"]), gated=config.get("model_type") == "modernbert")
+                   ffn=int(config["intermediate_size"]), gated=families.of_config(config).gated)
 
 
 def encoder_flops(shape: Shape, lengths: Sequence[int]) -> float:

@@ -26,6 +26,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from ..core import files
 from ..core.errors import UserError
+from . import families
 
 # Characters the tiny tokenizers know, by script; everything else becomes the unknown token.
 _RANGES = [
@@ -186,11 +187,7 @@ def build(architecture: str | os.PathLike, seed: int, out_dir: str | os.PathLike
     hf = dict(arch["config"])
     model_type = hf.pop("model_type")
     hf.update(vocab_size=tok.get_vocab_size(), pad_token_id=ids["pad"])
-    if model_type == "modernbert":
-        hf.update(bos_token_id=ids["cls"], cls_token_id=ids["cls"], eos_token_id=ids["sep"],
-                  sep_token_id=ids["sep"])
-    else:
-        hf.update(bos_token_id=ids["cls"], eos_token_id=ids["sep"])
+    hf.update(families.of_config({"model_type": model_type}).random_ids(ids))
     config = AutoConfig.for_model(model_type, **hf)
 
     torch.manual_seed(seed)

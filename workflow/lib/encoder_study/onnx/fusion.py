@@ -1,8 +1,9 @@
 """ONNX Runtime's transformer optimizer on an exported encoder: the graph variants timed side by side.
 
     record = fusion.optimize("results/models/minilm/model.onnx", "/tmp/model.ort-attention.onnx",
-                             config, "ort-attention")
-    graphs = fusion.variants("results/models/minilm/model.onnx", config, "/tmp")  # {variant: (path, record)}
+                             config, "ort-attention", "bert")  # the family's ort_model_type
+    graphs = fusion.variants("results/models/minilm/model.onnx", config, "/tmp", "bert")
+    # {variant: (path, record)}
 
 Variants (VARIANTS):
 
@@ -18,11 +19,12 @@ ONNX Runtime applies its own session-level fusions (level `all`) to every varian
 optimizer's are those the session does not find by itself (attention above all). `optimize_model` runs
 with opt_level 0, so the file holds the optimizer's fusions only, no hardware-specific rewrite.
 
-The optimizer's model type per architecture (MODEL_TYPES): BERT and XLM-R have BERT's graph pattern
-("bert"). ModernBERT has no model type of its own in ONNX Runtime; under "bert" the optimizer finds its
-norms and GELU but not its attention (rotary positions, alternating global and local windows), so its
-variants differ from the exported graph in the norms and activations only. The head count and width are
-the model's own (num_attention_heads, hidden_size), as the attention fusion needs them.
+The optimizer's model type is the encoder family's (`encoders.families`, `ort_model_type`): BERT and
+XLM-R have BERT's graph pattern ("bert"). ModernBERT has no model type of its own in ONNX Runtime; under
+"bert" the optimizer finds its norms and GELU but not its attention (rotary positions, alternating global
+and local windows), so its variants differ from the exported graph in the norms and activations only. The
+head count and width are the model's own (num_attention_heads, hidden_size), as the attention fusion
+needs them.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ VARIANTS = {
     "ort-fusions": {},
     "ort-attention": {"enable_skip_layer_norm": False, "enable_embed_layer_norm": False},
 }
-MODEL_TYPES = {"bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "modernbert": "bert"}
 # The variant an encoder's export publishes, and why: its export.json's `graph` (the model exports and
 # the student's). `snakemake benchmarks` times every variant beside it on each run (part `graphs`).
 PUBLISHED = {
@@ -54,17 +55,17 @@ class FusionError(ValueError):
     pass
 
 
-def optimizer_settings(config: dict) -> dict:
-    """The optimizer's model_type, num_heads and hidden_size for a Hugging Face `config`."""
-    kind = config.get("model_type")
-    if kind not in MODEL_TYPES:
-        raise FusionError(f"no ONNX Runtime optimizer model type for model_type {kind!r}; known: "
-                          f"{sorted(MODEL_TYPES)}")
-    return {"model_type": MODEL_TYPES[kind], "num_heads": int(config["num_attention_heads"]),
+def optimizer_settings(config: dict, model_type: str | None) -> dict:
+    """The optimizer's settings for a Hugging Face `config` of a family whose optimizer type is
+    `model_type` (None: ONNX Runtime has none for it)."""
+    if model_type is None:
+        raise FusionError(f"no ONNX Runtime optimizer model type for model_type {config.get('model_type')!r}")
+    return {"model_type": model_type, "num_heads": int(config["num_attention_heads"]),
             "hidden_size": int(config["hidden_size"])}
 
 
-def optimize(source: str | os.PathLike, target: str | os.PathLike, config: dict, variant: str) -> dict:
+def optimize(source: str | os.PathLike, target: str | os.PathLike, config: dict, variant: str,
+             model_type: str | None) -> dict:
     """Write `variant` of the graph `source` to `target`; return what was done (for a manifest or a
     table): the variant, the optimizer's settings and options, and the fused operators it made."""
     if variant not in VARIANTS:
@@ -77,7 +78,7 @@ def optimize(source: str | os.PathLike, target: str | os.PathLike, config: dict,
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    settings = optimizer_settings(config)
+    settings = optimizer_settings(config, model_type)
     options = FusionOptions(settings["model_type"])
     for name, value in VARIANTS[variant].items():
         setattr(options, name, value)
@@ -93,15 +94,15 @@ def optimize(source: str | os.PathLike, target: str | os.PathLike, config: dict,
     return {**record, **settings, "options": dict(VARIANTS[variant]), "fused": fused}
 
 
-def variants(source: str | os.PathLike, config: dict,
-             work_dir: str | os.PathLike) -> dict[str, tuple[Path, dict]]:
+def variants(source: str | os.PathLike, config: dict, work_dir: str | os.PathLike,
+             model_type: str | None) -> dict[str, tuple[Path, dict]]:
     """Every variant of the graph `source`: its file (`source` itself for the exported graph, the others
     written to `work_dir`) and its record."""
     out = {"exported": (Path(source), {"variant": "exported", "fused": {}})}
     for variant in VARIANTS:
         if VARIANTS[variant] is not None:
             target = Path(work_dir) / f"{Path(source).stem}.{variant}.onnx"
-            out[variant] = target, optimize(source, target, config, variant)
+            out[variant] = target, optimize(source, target, config, variant, model_type)
     return out
 
 

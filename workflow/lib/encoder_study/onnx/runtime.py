@@ -28,16 +28,6 @@ CHECK_TEXT = (
 OPTIMIZATIONS = ("disable", "basic", "extended", "all")
 
 
-def usable_positions(config: dict) -> int | None:
-    """How many ids one sequence may hold; RoBERTa-style models lose padding_idx + 1 positions."""
-    n = config.get("max_position_embeddings")
-    if n is None:
-        return None
-    if config.get("model_type") in ("xlm-roberta", "roberta", "camembert"):
-        n -= int(config.get("pad_token_id") or 0) + 1
-    return int(n)
-
-
 def pad_batch(rows: Sequence[Sequence[int]], pad_id: int, width: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded `input_ids` and `attention_mask` (int64) for rows of piece ids (lists or arrays),
     as wide as the longest row or `width`, whichever is more. The one padding of every batch."""

@@ -19,6 +19,7 @@ import torch
 
 from ...core import files
 from ...onnx.names import table_prefix
+from .. import families
 from . import modernbert, postnorm
 from .common import Encoder, adamw, clip_gradients
 from .graph import Graph, GraphError, read_weights
@@ -52,17 +53,12 @@ def _read_config(path: Path | None) -> dict:
 
 
 def detect_family(names) -> str:
-    """`modernbert` for tok_embeddings + layers.N.attn.Wqkv, `postnorm` for BERT's names and for the
-    distilled student's (a factorised table: embeddings.projection), else refuse."""
-    names = set(names)
-    if modernbert.TOKENS in names and "layers.0.attn.Wqkv.weight" in names:
-        return "modernbert"
-    if postnorm.TOKENS in names and "encoder.layer.0.attention.self.query.weight" in names:
-        return "postnorm"
-    if postnorm.TOKENS in names and postnorm.is_student(names):
-        return "postnorm"
-    raise GraphError("cannot tell the family from the weight names (e.g. "
-                     f"{sorted(names)[:4]}); give family='postnorm' or family='modernbert'")
+    """The trainable family (`postnorm` or `modernbert`) of a graph's weight names, from the family
+    registry (a distilled student's names are `postnorm`'s), else refuse."""
+    try:
+        return families.detect(names).trainable
+    except families.FamilyError as err:
+        raise GraphError(f"{err}; or give family='postnorm' or family='modernbert'") from None
 
 
 def _module_weights(graph: Graph) -> tuple[dict, str]:
@@ -96,11 +92,12 @@ def load(model_dir_or_onnx: str | os.PathLike, family: str = "auto", heads: int 
     options = {"heads": heads, "freeze_embeddings": freeze_embeddings}
     rotary = {"global_rope_theta": global_rope_theta, "local_rope_theta": local_rope_theta,
               "window": window, "global_every": global_every}
-    if family == "modernbert":
-        options.update(rotary)
-    elif any(v is not None for v in rotary.values()):
-        given = ", ".join(k for k, v in rotary.items() if v is not None)
-        raise ValueError(f"{given}: only for family 'modernbert', not {family!r}")
+    refused = [k for k, v in rotary.items() if v is not None and k not in module.OPTIONS]
+    if refused:
+        takers = [name for name, (m, *_) in FAMILIES.items() if set(refused) <= set(m.OPTIONS)]
+        raise ValueError(f"{', '.join(refused)}: only for family {' or '.join(map(repr, takers))}, "
+                         f"not {family!r}")
+    options.update({k: v for k, v in rotary.items() if k in module.OPTIONS})
     encoder = module.from_graph(graph, weights, prefix, _read_config(config_path), **options)
     return encoder.eval()
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..families.modernbert import TOKENS
 from .common import (
     Encoder,
     attention,
@@ -30,7 +31,8 @@ from .common import (
 )
 from .graph import Graph, GraphError
 
-TOKENS = "embeddings.tok_embeddings.weight"
+# `trainable.load`'s options this family takes (its rotary bases, window and global period).
+OPTIONS = ("global_rope_theta", "local_rope_theta", "window", "global_every")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Family `postnorm`: BERT, RoBERTa, XLM-R (Devlin et al. 2018; Liu et al. 2019; Conneau et al. 2019).
+"""Family `postnorm` (encoders.families.postnorm): BERT, RoBERTa, XLM-R (Devlin et al. 2018; Liu et al.
+2019; Conneau et al. 2019), rebuilt as trainable modules.
 
 Token + learned position embeddings, layer norm, then post-norm layers:
     x = norm(x + Wo(attention(x)))
@@ -6,8 +7,8 @@ Token + learned position embeddings, layer norm, then post-norm layers:
 with biases everywhere and exact (erf) GELU. The reference is transformers' modeling_bert.py.
 
 The distilled student (encoder_study.recipes.student) is this family with a factorised token table; its graph
-names every weight itself, linear weights stored [in, out]. This module owns that layout (`is_student`,
-`student_names`, `student_linear`, `_from_student_graph`).
+names every weight itself, linear weights stored [in, out] (encoders.families.student declares the family;
+this module owns the layout's parameter names: `student_names`, `student_linear`, `_from_student_graph`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..families.postnorm import POSITIONS, TOKEN_TYPES, TOKENS
+from ..families.student import PROJECTION, is_student
 from .common import Encoder, attention, choose_heads, copy_weights, graph_head_dim, padding_keys, score_bias
 from .graph import ANONYMOUS, Graph, GraphError
 
-TOKENS = "embeddings.word_embeddings.weight"
-POSITIONS = "embeddings.position_embeddings.weight"
-TOKEN_TYPES = "embeddings.token_type_embeddings.weight"
-# The distilled student's layout (recipes.student.export): a factorised table lifted by this linear
-# map, every linear weight a named initializer stored [in, out], positions from 0, no token types.
-PROJECTION = "embeddings.projection.weight"
+# The distilled student's layout (recipes.student.export): a factorised table lifted by the projection,
+# every linear weight a named initializer stored [in, out], positions from 0, no token types.
+
+OPTIONS = ()  # `trainable.load`'s family options: none beyond the common ones
 
 
 @dataclass
@@ -195,15 +196,9 @@ def from_graph(graph: Graph, weights: dict, prefix: str, config: dict, *, heads:
 
 
 # -- the distilled student's layout: the one owner of its names --------------------------------------
-# encoder_study.recipes.student.export writes this layout, `_from_student_graph` reads it, trainable's family
-# detection and encoder_study.recipes.writeback recognise it with `is_student`, and the writeback stage writes
-# weights back into it with `student_names` and `student_linear`.
-
-def is_student(names, prefix: str = "") -> bool:
-    """Whether weights named `names` (with the wrapper `prefix`, or without) are a distilled student's:
-    its factorised token table is lifted by `embeddings.projection`, which no Hugging Face model has."""
-    return prefix + PROJECTION in names
-
+# encoder_study.recipes.student.export writes this layout, `_from_student_graph` reads it, the family
+# registry recognises it (families.student), and the writeback stage writes weights back into it with
+# `student_names` and `student_linear`.
 
 # The student's names (after the wrapper prefix), ours -> theirs; see encoder_study.recipes.student.export.
 _STUDENT_PARTS = {"query": "attention.query", "key": "attention.key", "value": "attention.value",

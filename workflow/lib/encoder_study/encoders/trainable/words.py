@@ -29,8 +29,9 @@ from torch import nn
 
 from ...core import files, machine
 from ...onnx import manifest
-from ...onnx.runtime import pad_batch, usable_positions
+from ...onnx.runtime import pad_batch
 from .. import trainable
+from ..families import usable_positions
 from ..frozen import EncoderError, open_export
 from ..tokens import Doc, DocPieces, PieceTokenizer, check_pooling
 

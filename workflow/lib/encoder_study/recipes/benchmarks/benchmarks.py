@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from ...core import machine, tables
-from ...encoders import perf, reference, trainable
+from ...encoders import families, perf, reference, trainable
 from ...encoders.frozen import FrozenEncoder
 from ...encoders.tokens import Doc, PieceTokenizer
 from ...encoders.trainable.words import TrainableEncoder
@@ -176,7 +176,9 @@ def graphs_part(model_dir: Path, source_dir: Path, shape: perf.Shape, threads: i
     """ONNX Runtime at `batch` x `seq_len` on each graph variant (onnx.fusion), in turn in blocks; and
     each variant's largest difference from Hugging Face's model on the same ids with padded rows
     (`max_abs`, over real tokens; `max_value` the largest value there)."""
-    graphs = fusion.variants(model_dir / manifest.ONNX_FILE, manifest.read_config(model_dir), work_dir)
+    config = manifest.read_config(model_dir)
+    graphs = fusion.variants(model_dir / manifest.ONNX_FILE, config, work_dir,
+                             families.of_config(config).ort_model_type)
     sessions = {variant: ort_session(path, threads) for variant, (path, _) in graphs.items()}
     ids = shape_ids(model_dir, batch, seq_len, seed)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}

@@ -17,9 +17,9 @@ import numpy as np
 from ... import provenance
 from ...core import files, machine, tables
 from ...core.errors import UserError
+from ...encoders.families import usable_positions
 from ...encoders.reference import HiddenStates, load_pytorch, source_dir
 from ...onnx import checked_export, fusion, manifest
-from ...onnx.runtime import usable_positions
 
 
 class ExportError(UserError):

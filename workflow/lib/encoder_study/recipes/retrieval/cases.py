@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...encoders.families import usable_positions
 from ...onnx import runtime
-from ...onnx.runtime import usable_positions
 from . import RetrievalError
 
 

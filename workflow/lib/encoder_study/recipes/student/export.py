@@ -36,12 +36,12 @@ from torch import nn
 
 from ... import provenance
 from ...core import files, machine
+from ...encoders.families.student import MODEL_TYPE
 from ...encoders.trainable.postnorm import PostNormEncoder, student_names
 from ...onnx import checked_export, fusion, manifest
 from . import StudentError
 from .architecture import parameter_count
 
-MODEL_TYPE = "encoder_study_student"
 SOURCE = "student"
 # The manifest's id of the graph module: stable across the package's rename (distill -> student), so
 # that a student exported before and after it has the same manifest.

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from ...encoders import families
 from . import StudentError
 
 # The lift, outside BertModel: the student's name -> this module's.
@@ -50,7 +51,7 @@ def bert_config(settings: Mapping):
     from transformers import BertConfig
 
     family, embedding = settings.get("family"), settings.get("embedding_width")
-    if family != "postnorm" or not embedding:
+    if family != families.FAMILIES["student"].trainable or not embedding:
         raise StudentError("the transformers reference takes a student (post-norm, factorised table); got "
                            f"family {family}, embedding_width {embedding}")
     offset, pad = settings.get("position_offset"), settings.get("position_pad_id")

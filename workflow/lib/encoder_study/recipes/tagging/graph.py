@@ -50,10 +50,11 @@ import numpy as np
 from ...core import machine
 from ...core.errors import UserError
 from ...data.conllu import UPOS
+from ...encoders.families import usable_positions
 from ...encoders.frozen import EncoderError, open_export
 from ...encoders.tokens import Doc, JoinedPieces, PieceTokenizer, WordPieces, check_pooling
 from ...onnx import manifest, names, runtime
-from ...onnx.runtime import INPUTS, OUTPUT, usable_positions
+from ...onnx.runtime import INPUTS, OUTPUT
 from .tagger import EVAL_BATCH_WORDS, word_batches
 
 WORD_PIECES = "word_pieces"  # int64 [words, pieces_per_word]

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ...core import files
+from ...encoders.families import postnorm
 from ...onnx import manifest, names, patch
 from ...onnx.patch import WritebackError
 from ..tagging import graph as tagging_graph
@@ -74,7 +75,7 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     a changed table is written with the row folded in and the token-type table zeroed (the same sums);
     an unchanged one is left out, so the graph keeps its own two tables.
 
-    A distilled student's graph (`trainable.postnorm.is_student`; see encoder_study.recipes.student.export)
+    A distilled student's graph (`encoders.families.student`; see encoder_study.recipes.student.export)
     holds every weight as a named initializer, linear weights [in, out]: each goes back under its own
     name, transposed, the projection and the positions included (unchanged values leave the bytes as
     they were).
@@ -85,8 +86,8 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     weights transposed views), not copies, so memory stays near the encoder's own (the graphs of the
     study are over 1 GB). Write them before the encoder changes again, or copy them.
     """
+    from ...encoders import families
     from ...encoders.trainable import FAMILIES
-    from ...encoders.trainable import postnorm as pn
     from ...encoders.trainable.graph import Graph
 
     path = graph.path if isinstance(graph, Graph) else Path(graph)
@@ -95,27 +96,28 @@ def module_weights_to_graph(encoder, graph, include_tokens: bool | None = None) 
     with patch.StreamedGraph(path) as streamed:
         graph_names = names.weight_names(streamed.layout, streamed.value)
         prefix = names.table_prefix(path, [*graph_names.named, *graph_names.linear])
-        family = encoder.settings.family
-        student = family == "postnorm" and pn.is_student(graph_names, prefix)
-        folded = None
-        if family == "postnorm" and not student:
-            folded = _folded_positions(streamed, graph_names, prefix)
+        held = [*graph_names.named, *graph_names.linear]
+        family = families.detect(name[len(prefix):] for name in held if name.startswith(prefix))
+        if family.trainable != encoder.settings.family:
+            raise WritebackError(f"{path}: a {family.name} graph, but a {encoder.settings.family} encoder; "
+                                 "it was not read from this graph")
+        folded = _folded_positions(streamed, graph_names, prefix) if family.folded_positions else None
 
     if include_tokens is None:
         include_tokens = not encoder.embeddings_frozen
     params = dict(encoder.named_parameters())
-    if student:
+    if family.named_layout:
         return _student_weights(path, encoder, params, prefix, include_tokens)
-    module = FAMILIES[family][0]
+    module = FAMILIES[family.trainable][0]
     out = _family_weights(path, module.weight_names(encoder.settings.layers), params, graph_names, prefix,
                           include_tokens)
     if folded is not None:
         positions, types = folded
         mine = _param(params["positions"])
         if not patch.bitwise_equal(mine, positions):
-            out[prefix + pn.POSITIONS] = mine
+            out[prefix + postnorm.POSITIONS] = mine
             if types is not None:
-                out[prefix + pn.TOKEN_TYPES] = np.zeros_like(types)
+                out[prefix + postnorm.TOKEN_TYPES] = np.zeros_like(types)
     return out
 
 
@@ -171,8 +173,6 @@ def _folded_positions(streamed: patch.StreamedGraph, graph_names: names.WeightNa
                       ) -> tuple[np.ndarray, np.ndarray | None]:
     """(the graph's positions + token-type row 0, its token-type table or None), what the BERT family's
     `positions` parameter was read as; the only weights read from the graph."""
-    from ...encoders.trainable import postnorm as pn
-
     def read(theirs: str) -> np.ndarray | None:
         name = prefix + theirs
         stored = graph_names.named.get(name)
@@ -181,9 +181,9 @@ def _folded_positions(streamed: patch.StreamedGraph, graph_names: names.WeightNa
         names.check_float32(streamed.path, name, streamed.layout.dtypes[stored])
         return streamed.value(stored)
 
-    positions, types = read(pn.POSITIONS), read(pn.TOKEN_TYPES)
+    positions, types = read(postnorm.POSITIONS), read(postnorm.TOKEN_TYPES)
     if positions is None:
-        raise names.GraphError(f"{streamed.path}: no {prefix + pn.POSITIONS}; not a BERT-family graph")
+        raise names.GraphError(f"{streamed.path}: no {prefix + postnorm.POSITIONS}; not a BERT-family graph")
     folded = positions + (types[0] if types is not None else np.float32(0))
     return np.ascontiguousarray(folded, dtype=np.float32), types
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...core import files, tables
 from ...data import conllu
+from ...encoders import families
 from ...onnx import manifest
 from ..tagging import pipeline
 
@@ -54,7 +55,7 @@ def parity_rows(run: str, inline: str | os.PathLike, written: str | os.PathLike,
     export = runtime.ort_session(feeds_of.model_dir / manifest.ONNX_FILE, graph.threads, graph.optimization)
     # The parity recipe's tokenisation: the tokenizer's special tokens, cut to the model's positions.
     reader = tokens.TextPieces(feeds_of.model_dir / manifest.TOKENIZER_FILE,
-                               runtime.usable_positions(feeds_of.config), feeds_of.pad_id)
+                               families.usable_positions(feeds_of.config), feeds_of.pad_id)
     rows, _ = reader.encode(texts)
     feeds = [runtime.pad_batch([row], feeds_of.pad_id) for row in rows]
     docs = [tokens.Doc.from_words(text.split()) for text in texts]
