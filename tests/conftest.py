@@ -234,13 +234,31 @@ def snakemake_each(*argvs: list[str], cwd: Path = ROOT) -> list[subprocess.Compl
             for argv, (code, out, err) in zip(argvs, results, strict=True)]
 
 
+# The bootstrap options a rule passes (tagging.bootstrap), at a test's small size.
+BOOTSTRAP_OPTIONS = {"bootstrap-resamples": 100, "bootstrap-seed": 0, "bootstrap-confidence": 0.95,
+                     "bootstrap-method": "percentile"}
+
+
+def boot(resamples: int = 100, seed: int = 0, method: str = "percentile", confidence: float = 0.95):
+    """A tagging.settings.Bootstrap with a test's defaults."""
+    from encoder_study.recipes.tagging.settings import Bootstrap
+
+    return Bootstrap(resamples=resamples, seed=seed, confidence=confidence, method=method)
+
+
+def boot_argv(resamples: int = 100, seed: int = 0) -> list[str]:
+    """The bootstrap options as a command line."""
+    values = {**BOOTSTRAP_OPTIONS, "bootstrap-resamples": resamples, "bootstrap-seed": seed}
+    return [x for k, v in values.items() for x in (f"--{k}", str(v))]
+
+
 def train_argv(run_name: str, model_dir, out: Path, prov: Path, bank: dict, **chosen) -> list[str]:
     """`tagging train` arguments: every option given, as the rule gives them; `chosen` overrides."""
     values = {"pooling": "mean", "optimizer": "adamw", "seed": 0, "lr": 1e-3, "weight-decay": 0.01,
               "epochs": 0, "max-steps": 0, "patience": 0, "warmup": 0, "batch-words": 100, "eval-every": 0,
               "eval-batch-words": 2000, "clip": 1.0, "threads": 1, "device": "cpu", "precision": "fp32",
               "max-length": 512, "window-batch": 8, "max-batch-pieces": 8192, "chunk-steps": 0,
-              "resamples": 100, "bootstrap-seed": 0, **chosen}
+              **BOOTSTRAP_OPTIONS, **chosen}
     return ["train", "--run", run_name, "--model-dir", str(model_dir), "--out-dir", str(out / run_name),
             "--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"]),
             "--checkpoint", str(out / "checkpoints" / f"{run_name}.pt"),

@@ -56,9 +56,12 @@ GUARDS = {
         "config: unknown key 'taging' (did you mean 'tagging'?); the keys of the config are benchmarks, "
         "export, models, parity, "),
     "unknown nested key": (
-        {"tagging": {"resampels": 3}},
-        "config: unknown key 'tagging.resampels' (did you mean 'tagging.resamples'?); the keys of tagging "
-        "are comparisons, defaults, "),
+        {"tagging": {"bootstrap": {"resampels": 3}}},
+        "config: unknown key 'tagging.bootstrap.resampels' (did you mean 'tagging.bootstrap.resamples'?); "
+        "the keys of tagging.bootstrap are confidence, method, resamples, seed"),
+    "a key that moved": (
+        {"tagging": {"resamples": 500}},
+        "config: 'tagging.resamples' moved to 'tagging.bootstrap.resamples'; rename it there"),
     "unknown key in a list's entry": (
         {"models": [{"name": "x", "source": "hf", "repo": "a/b", "revison": "abc"}]},
         "config: unknown key 'models[0].revison' (did you mean 'models[0].revision'?)"),
@@ -66,8 +69,8 @@ GUARDS = {
         {"export": {"opset": "17"}},
         "config: export.opset is '17' (a string); give an integer"),
     "out of range": (
-        {"tagging": {"resamples": -1}},
-        "config: tagging.resamples is -1; give a value with minimum "),
+        {"tagging": {"bootstrap": {"resamples": -1}}},
+        "config: tagging.bootstrap.resamples is -1; give a value with minimum "),
     "run compared with itself": (
         {"tagging": {"comparisons": [["minilm-frozen-mean", "baseline"], ["minilm-frozen-mean"] * 2]}},
         "config: tagging.comparisons compares 'minilm-frozen-mean' with itself (a difference of 0 by "
@@ -101,7 +104,7 @@ GUARDS = {
 
 
 # The config of test_an_unknown_top_level_key_is_one_line_not_the_schema.
-ONE_LINE = {"taging": {}, "tagging": {"resampels": 3}}
+ONE_LINE = {"taging": {}, "tagging": {"bootstrap": {"resampels": 3}}}
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +149,6 @@ def test_an_unknown_key_at_any_depth_is_one_line_not_the_schema(dry_runs):
     printed = refusal(dry_runs, "one line")
     line = next(x for x in printed.splitlines() if "config: unknown key 'taging'" in x)
     assert line.endswith(", texts, threads, timing, treebank, writeback")
-    nested = next(x for x in printed.splitlines() if "config: unknown key 'tagging.resampels'" in x)
-    assert "did you mean 'tagging.resamples'?" in nested
+    nested = next(x for x in printed.splitlines() if "config: unknown key 'tagging.bootstrap.resampels'" in x)
+    assert "did you mean 'tagging.bootstrap.resamples'?" in nested
     assert len(printed.splitlines()) < 20 and "additionalProperties" not in printed

@@ -423,7 +423,7 @@ def test_a_truncated_treebank_stops_the_run_before_snakemake_deletes_anything(tm
         "treebank: {sizes: {train: 60, dev: 20, test: 20}}\n"
         "tagging:\n  runs: [{name: tiny-frozen, model: bert-tiny, mode: frozen}]\n"
         "  comparisons: [[tiny-frozen, baseline]]\n"
-        "  resamples: 100\n  step_time: {models: [bert-tiny]}\n"
+        "  bootstrap: {resamples: 100}\n  step_time: {models: [bert-tiny]}\n"
         "student: {teacher: bert-tiny}\n")
     target = "results/tagging/baseline/scores.csv"
     first = snakemake("--cores", "1", target, cwd=copy)

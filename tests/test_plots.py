@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import runner
+from conftest import boot, runner
 from encoder_study.core import plots, tables
 from encoder_study.data import conllu
 from encoder_study.recipes.parity import parity_tables
@@ -69,7 +69,7 @@ def study(tmp_path):
         run_dir = tmp_path / "tagging" / name
         run_dir.mkdir(parents=True)
         (run_dir / "run.json").write_text(json.dumps({"run": name, "mode": mode}))
-        test = splits.score_split(gold, predicted, splits.pred_path(run_dir, "test"), resamples=50, seed=0)
+        test = splits.score_split(gold, predicted, splits.pred_path(run_dir, "test"), boot(50))
         dev_accuracy = evaluate.Accuracy(dev, dev - 1, dev + 1, 10, 2, 50, 0, "percentile", 0.95)
         rows = [evaluate.score_row(name, "enc", mode, "mean", "dev", dev_accuracy),
                 evaluate.score_row(name, "enc", mode, "mean", "test", test)]
@@ -177,7 +177,7 @@ def test_gather_draws_scores_and_comparisons_as_forest_plots_byte_for_byte(study
     def gathered_once():
         return gather.gather([study["dirs"][n] for n in names], {"test": study["gold"]},
                              [("tuned", "frozen-a"), ("tuned", "baseline")], out / "scores.csv",
-                             out / "comparisons.csv", None, [], 50, 0, "", scores_plot=out / "scores.png",
+                             out / "comparisons.csv", None, [], boot(50), "", scores_plot=out / "scores.png",
                              comparisons_plot=out / "comparisons.png")
 
     gathered = gathered_once()
@@ -188,7 +188,7 @@ def test_gather_draws_scores_and_comparisons_as_forest_plots_byte_for_byte(study
     gathered_once()
     assert {name: (out / name).read_bytes() for name in first} == first
     with pytest.raises(gather.RunError, match="without comparisons"):
-        gather.gather([study["dirs"]["tuned"]], {}, [], out / "s.csv", None, None, [], 50, 0,
+        gather.gather([study["dirs"]["tuned"]], {}, [], out / "s.csv", None, None, [], boot(50),
                     comparisons_plot=out / "c.png")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from encoder_study.core import captions
 from encoder_study.core.results import RESULTS
 from encoder_study.report import facts as report_facts
 from encoder_study.report import landing as report_landing
@@ -186,6 +187,23 @@ def run_records(treebank="synthetic", resamples=10000):
 
 # -- the facts: from the records, with known answers ----------------------------------------------------
 
+def test_facts_read_the_bootstrap_as_one_group_and_under_its_old_keys():
+    """Runs recorded since the bootstrap became one group (`bootstrap`), and runs recorded before it
+    (`resamples` with `seed` or `bootstrap_seed`), give the same fact; a seed that differs is told."""
+    old = run_records()
+    new = json.loads(json.dumps(old))
+    for r in new:
+        s = r.get("settings", {})
+        if "resamples" in s:
+            seed = s.pop("bootstrap_seed", None) if "bootstrap_seed" in s else s.pop("seed", None)
+            s["bootstrap"] = {"resamples": s.pop("resamples"), "seed": seed, "confidence": 0.95,
+                              "method": "percentile"}
+    assert report_facts.facts(new)["bootstrap"] == report_facts.facts(old)["bootstrap"]
+    assert report_facts.facts(new)["writeback bootstrap"] == report_facts.facts(old)["writeback bootstrap"]
+    next(r for r in new if r["rule"] == "tagging_tables")["settings"]["bootstrap"]["seed"] = 3
+    assert "bootstrap seed 0 / 3 (differs by job)" in report_facts.facts(new)["bootstrap"]
+
+
 def test_facts_say_what_ran_random_models_included():
     found = report_facts.facts(run_records())
     assert found["bootstrap"] == "10,000 sentence resamples, bootstrap seed 0"
@@ -256,14 +274,38 @@ def test_substitutions_escape_markup_and_render():
 
 @pytest.mark.parametrize("caption", CAPTIONS, ids=lambda p: str(p.relative_to(ROOT / "workflow" / "report")))
 def test_captions_cite_recorded_settings_never_the_config(caption):
-    text = caption.read_text()
-    assert "snakemake.config" not in text, f"{caption}: reads the config the report is built with"
+    source = caption.read_text()
+    assert "snakemake.config" not in source, f"{caption}: reads the config the report is built with"
     if caption.name == "workflow.rst":
-        assert "results/report/landing.rst" in text
+        assert "results/report/landing.rst" in source
         return
-    assert "**Method:**" in text, f"{caption}: says nothing of how it was computed"
+    assert "**Method:**" in source, f"{caption}: says nothing of how it was computed"
+    # the shared block is composed (core/captions.py), never spelled in a caption's source
+    assert "{%" not in source and ".. include::" not in source, f"{caption}: repeats the shared block"
+    text = composed_text(caption)
     assert f'page.path|string == "{SETTINGS_PAGE}"' in text
     assert ".. include:: results/report/settings.rst" in text
+
+
+def test_a_caption_names_its_recorded_facts_once():
+    from encoder_study.core import errors
+
+    for text in ("What.\n\n**Method:** how.\n", "Recorded: |a|.\nRecorded: |b|.\n"):
+        with pytest.raises(errors.UserError, match="'Recorded: ...' lines; a caption ends with exactly one"):
+            captions.compose(text, "tagging", "x.rst")
+    composed = captions.compose("What.\n\nRecorded (see provenance/r/x.md): |a|.\n", "r")
+    assert "each job's settings are in ``provenance/r/x.md``" in composed
+    default = captions.compose("Recorded: |a|.", "t")
+    assert "each job's settings are in ``provenance/t/PROVENANCE.md``" in default
+
+
+def composed_text(caption: Path) -> str:
+    """The caption as `result()` hands it to Snakemake: its shared block composed (its folder is the
+    recipe)."""
+    if caption.name == "workflow.rst":
+        return caption.read_text()
+    recipe = caption.parent.name if caption.parent.name != "report" else "run"
+    return captions.compose(caption.read_text(), recipe, str(caption))
 
 
 class FileRecord:
@@ -285,7 +327,7 @@ def render(caption: Path, files, wildcards=None, config=None, part="body"):
 
     links = "".join(f"\n.. _{f.target}: javascript:void(0)" for f in files)
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    text = env.from_string(caption.read_text() + "\n" + links + "\n").render(
+    text = env.from_string(composed_text(caption) + "\n" + links + "\n").render(
         snakemake=Snakemake(), files=files, categories={})
     return publish_parts(text, writer="html")[part]
 

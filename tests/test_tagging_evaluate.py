@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from conftest import boot
 from encoder_study.recipes.tagging import evaluate as ev
 from encoder_study.recipes.tagging import figures
 
@@ -35,7 +36,7 @@ def test_counts_are_per_sentence_and_token_weighted():
     gold, pred = tagged([0, 9], [1, 9])
     correct, tokens = ev.sentence_counts(gold, pred)
     assert correct.tolist() == [0, 9] and tokens.tolist() == [1, 9]
-    result = ev.accuracy_interval(gold * 50, pred * 50, resamples=500)
+    result = ev.accuracy_interval(gold * 50, pred * 50, boot(resamples=500))
     assert result.upos == 90.0 and result.tokens == 500 and result.sentences == 100
     assert result.ci_low < 90.0 < result.ci_high and result.ci_low > 50.0
 
@@ -49,7 +50,7 @@ def test_interval_matches_the_normal_approximation_for_equal_lengths():
     rng = np.random.default_rng(7)
     counts = rng.binomial(10, 0.9, 2000)
     gold, pred = tagged(counts, [10] * 2000)
-    result = ev.accuracy_interval(gold, pred, resamples=4000, seed=1)
+    result = ev.accuracy_interval(gold, pred, boot(resamples=4000, seed=1))
     se = 100 * counts.std() / 10 / math.sqrt(2000)
     assert result.upos == pytest.approx(100 * counts.mean() / 10, abs=1e-12)
     assert abs(result.ci_low - (result.upos - Z * se)) < 0.15 * se
@@ -61,13 +62,13 @@ def test_sentences_not_tokens_are_resampled():
     # SE = 100 * 0.5 / sqrt(200) = 3.54 points (width 13.9); resampling the 4,000 tokens would give
     # SE = 100 * 0.5 / sqrt(4000) = 0.79 (width 3.1), sqrt(20) times narrower.
     gold, pred = tagged([20, 0] * 100, [20] * 200)
-    by_sentence = ev.accuracy_interval(gold, pred, resamples=2000)
+    by_sentence = ev.accuracy_interval(gold, pred, boot(resamples=2000))
     width = by_sentence.ci_high - by_sentence.ci_low
     assert width == pytest.approx(2 * Z * 100 * 0.5 / math.sqrt(200), rel=0.1)
     # The same tokens as one-token "sentences": what a token bootstrap would report.
     flat_gold = [[t] for s in gold for t in s]
     flat_pred = [[t] for s in pred for t in s]
-    by_token = ev.accuracy_interval(flat_gold, flat_pred, resamples=2000)
+    by_token = ev.accuracy_interval(flat_gold, flat_pred, boot(resamples=2000))
     assert by_token.upos == by_sentence.upos == 50.0
     assert by_token.ci_high - by_token.ci_low < 0.3 * width
 
@@ -77,8 +78,8 @@ def test_always_right_gives_exactly_100_and_always_wrong_0(method):
     gold, pred = varied()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # BCa on a constant distribution would warn and give NaN
-        right = ev.accuracy_interval(gold, gold, resamples=300, method=method)
-        wrong = ev.accuracy_interval(gold, [["X"] * len(s) for s in gold], resamples=300, method=method)
+        right = ev.accuracy_interval(gold, gold, boot(resamples=300, method=method))
+        wrong = ev.accuracy_interval(gold, [["X"] * len(s) for s in gold], boot(resamples=300, method=method))
     assert (right.upos, right.ci_low, right.ci_high) == (100.0, 100.0, 100.0)
     assert (wrong.upos, wrong.ci_low, wrong.ci_high) == (0.0, 0.0, 0.0)
     assert right.method == method
@@ -87,21 +88,21 @@ def test_always_right_gives_exactly_100_and_always_wrong_0(method):
 def test_degenerate_and_malformed_inputs_are_refused():
     gold, pred = tagged([2], [3])
     with pytest.raises(ValueError, match="at least two sentences"):
-        ev.accuracy_interval(gold, pred)
+        ev.accuracy_interval(gold, pred, boot())
     with pytest.raises(ValueError, match="sentence 1: 2 gold tags but 1 predicted"):
-        ev.accuracy_interval([["A"], ["A", "B"]], [["A"], ["A"]])
+        ev.accuracy_interval([["A"], ["A", "B"]], [["A"], ["A"]], boot())
     with pytest.raises(ValueError, match="2 gold sentences but 1 predicted"):
-        ev.accuracy_interval([["A"], ["B"]], [["A"]])
+        ev.accuracy_interval([["A"], ["B"]], [["A"]], boot())
     with pytest.raises(ValueError, match="no tokens"):
-        ev.accuracy_interval([["A"], []], [["A"], []])
+        ev.accuracy_interval([["A"], []], [["A"], []], boot())
     with pytest.raises(ValueError, match="interval method"):
-        ev.accuracy_interval([["A"], ["B"]], [["A"], ["B"]], method="studentized")
+        ev.accuracy_interval([["A"], ["B"]], [["A"], ["B"]], boot(method="studentized"))
 
 
 def test_bca_is_close_to_percentile_on_a_realistic_set():
     gold, pred = varied(n=600)
-    pct = ev.accuracy_interval(gold, pred, resamples=2000, method="percentile")
-    bca = ev.accuracy_interval(gold, pred, resamples=2000, method="BCa")
+    pct = ev.accuracy_interval(gold, pred, boot(resamples=2000, method="percentile"))
+    bca = ev.accuracy_interval(gold, pred, boot(resamples=2000, method="BCa"))
     assert bca.method == "bca" and (bca.ci_low, bca.ci_high) != (pct.ci_low, pct.ci_high)
     width = pct.ci_high - pct.ci_low
     assert abs(bca.ci_low - pct.ci_low) < 0.1 * width and abs(bca.ci_high - pct.ci_high) < 0.1 * width
@@ -109,9 +110,9 @@ def test_bca_is_close_to_percentile_on_a_realistic_set():
 
 def test_same_seed_same_interval_other_seed_other_interval():
     gold, pred = varied()
-    first = ev.accuracy_interval(gold, pred, resamples=500, seed=11)
-    assert ev.accuracy_interval(gold, pred, resamples=500, seed=11) == first
-    other = ev.accuracy_interval(gold, pred, resamples=500, seed=12)
+    first = ev.accuracy_interval(gold, pred, boot(resamples=500, seed=11))
+    assert ev.accuracy_interval(gold, pred, boot(resamples=500, seed=11)) == first
+    other = ev.accuracy_interval(gold, pred, boot(resamples=500, seed=12))
     assert other.upos == first.upos
     assert (other.ci_low, other.ci_high) != (first.ci_low, first.ci_high)
 
@@ -121,7 +122,7 @@ def test_a_system_against_itself_differs_by_exactly_zero(method):
     gold, pred = varied()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        same = ev.paired_difference(gold, pred, pred, resamples=300, method=method)
+        same = ev.paired_difference(gold, pred, pred, boot(resamples=300, method=method))
     assert (same.diff, same.ci_low, same.ci_high) == (0.0, 0.0, 0.0)
     assert repr(same.ci_low) == "0.0"  # not -0.0, which the tables would print as such
     assert same.upos_a == same.upos_b
@@ -132,8 +133,8 @@ def test_paired_difference_uses_the_resamples_of_each_system_alone():
     # seed the paired interval must be a's interval bit for bit.
     gold, pred = varied()
     never = [["X"] * len(s) for s in gold]
-    alone = ev.accuracy_interval(gold, pred, resamples=500, seed=5)
-    diff = ev.paired_difference(gold, pred, never, resamples=500, seed=5)
+    alone = ev.accuracy_interval(gold, pred, boot(resamples=500, seed=5))
+    diff = ev.paired_difference(gold, pred, never, boot(resamples=500, seed=5))
     assert (diff.diff, diff.ci_low, diff.ci_high) == (alone.upos, alone.ci_low, alone.ci_high)
 
 
@@ -143,9 +144,9 @@ def test_paired_interval_is_narrower_than_unpaired_on_correlated_systems():
     rng = np.random.default_rng(21)
     gold, pred_a = varied(n=800, seed=4)
     pred_b = [[t if rng.random() > 0.01 else "ADJ" for t in s] for s in pred_a]
-    a = ev.accuracy_interval(gold, pred_a, resamples=2000, seed=2)
-    b = ev.accuracy_interval(gold, pred_b, resamples=2000, seed=2)
-    diff = ev.paired_difference(gold, pred_a, pred_b, resamples=2000, seed=2)
+    a = ev.accuracy_interval(gold, pred_a, boot(resamples=2000, seed=2))
+    b = ev.accuracy_interval(gold, pred_b, boot(resamples=2000, seed=2))
+    diff = ev.paired_difference(gold, pred_a, pred_b, boot(resamples=2000, seed=2))
     assert diff.diff == pytest.approx(a.upos - b.upos, abs=1e-9)
     assert (diff.upos_a, diff.upos_b) == (a.upos, b.upos)
     assert 0 < diff.ci_low < diff.diff < diff.ci_high
@@ -183,8 +184,8 @@ def test_baseline_breaks_an_overall_tie_by_name_and_refuses_bad_train():
 
 def score_rows():
     gold, pred = varied(n=50)
-    acc = ev.accuracy_interval(gold, pred, resamples=200)
-    base = ev.accuracy_interval(gold, [["NOUN"] * (len(s) - 1) + ["X"] for s in gold], resamples=200)
+    acc = ev.accuracy_interval(gold, pred, boot(resamples=200))
+    base = ev.accuracy_interval(gold, [["NOUN"] * (len(s) - 1) + ["X"] for s in gold], boot(200))
     rows = [ev.score_row("tiny-frozen", "bert-tiny", "frozen", "mean", "test", acc),
             ev.score_row("baseline", "none", "baseline", "none", "test", base),
             ev.score_row("tiny-frozen", "bert-tiny", "frozen", "mean", "dev", acc)]
@@ -233,9 +234,9 @@ def test_comparisons_table_has_the_contract_columns_and_stable_bytes(tmp_path):
     gold, pred_a = varied(n=60)
     pred_b = [s[:-1] + ["X"] for s in pred_a]
     rows = [ev.comparison_row("fine-tuned", "frozen", "test",
-                              ev.paired_difference(gold, pred_a, pred_b, resamples=200)),
+                              ev.paired_difference(gold, pred_a, pred_b, boot(resamples=200))),
             ev.comparison_row("frozen", "frozen", "test",
-                              ev.paired_difference(gold, pred_a, pred_a, resamples=200))]
+                              ev.paired_difference(gold, pred_a, pred_a, boot(resamples=200)))]
     text = ev.comparisons_csv(rows)
     assert text == ev.comparisons_csv(rows[::-1])
     header = text.splitlines()[0].split(",")

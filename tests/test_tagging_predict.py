@@ -64,7 +64,7 @@ def test_predict_gives_the_runs_own_predictions_byte_for_byte(trained, bank, tmp
         assert sum(line.startswith("predict: 20 sentences") for line in progress) == 3  # each call's last
     # With --score: the run's own test score, from the same tags.
     assert run("predict", "--pipeline", str(path), "--input", str(bank["test"]), "--out",
-               str(tmp_path / "scored.conllu"), "--score", "--resamples", "100") == 0
+               str(tmp_path / "scored.conllu"), "--score", "--bootstrap-resamples", "100") == 0
     score = next(r for r in tables.read_csv(run_dir / runs.SCORES) if r["split"] == "test")
     printed = capsys.readouterr().out
     assert f"UPOS {float(score['upos']):.2f} [{float(score['ci_low']):.2f}, {float(score['ci_high']):.2f}]" \

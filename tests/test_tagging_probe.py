@@ -16,6 +16,7 @@ import scipy.optimize
 import torch
 import yaml
 
+from conftest import boot_argv
 from encoder_study.core import files
 from encoder_study.data import conllu, synthetic
 from encoder_study.data.conllu import UPOS
@@ -293,7 +294,7 @@ def test_the_frozen_command_records_why_it_stopped_and_the_device(tiny_exports, 
             "--max-steps", "0", "--patience", "3", "--warmup", "0", "--batch-words", "500",
             "--eval-every", "0", "--eval-batch-words", "2000", "--clip", "0", "--threads", "1",
             "--device", "auto", "--precision", "fp32", "--max-length", "512", "--window-batch", "8",
-            "--max-batch-pieces", "8192", "--resamples", "100", "--bootstrap-seed", "0",
+            "--max-batch-pieces", "8192", *boot_argv(),
             "--provenance", str(prov)]
     args = command.parser().parse_args(argv)
     assert args.run(args) == 0

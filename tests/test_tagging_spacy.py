@@ -13,7 +13,7 @@ import spacy
 from spacy.language import Language
 from spacy.util import load_config
 
-from conftest import ROOT, cli_runner, runner, snakemake_each
+from conftest import ROOT, boot, boot_argv, cli_runner, runner, snakemake_each
 from encoder_study import cli
 from encoder_study.core import download, files, tables
 from encoder_study.data import conllu
@@ -121,7 +121,7 @@ def tiny_config(tmp_path: Path) -> Path:
 def spacy_argv(out: Path, bank: dict, *source: str) -> list[str]:
     return ["spacy", "--run", out.name, *source, "--dev", str(bank["dev"]), "--test", str(bank["test"]),
             "--extra", f"ood={bank['ood']}", "--out-dir", str(out), "--batch-size", "16",
-            "--resamples", "200", "--bootstrap-seed", "0",
+            *boot_argv(200),
             "--provenance", str(out.parent / "prov" / f"tagging_spacy-{out.name}.md")]
 
 
@@ -171,10 +171,10 @@ def test_a_run_is_scored_against_the_gold_file_and_compared_like_any_run(trained
         assert float(rows[split]["upos"]) == 100 * sum(a == b for a, b in pairs) / len(pairs)
         assert rows[split]["mode"] == "spacy" and rows[split]["pooling"] == "none"
     baseline.baseline_run("baseline", {k: bank[k] for k in ("train", "dev", "test", "ood")},
-                      tmp_path / "baseline", 200, 0)
+                      tmp_path / "baseline", boot(200))
     gathered = gather.gather([run_dir, tmp_path / "baseline"], {s: bank[s] for s in ("dev", "test", "ood")},
                            [("spacy", "baseline")], tmp_path / "scores.csv", tmp_path / "comparisons.csv",
-                           None, [], 200, 0)
+                           None, [], boot(200))
     assert {(r["run"], r["split"]) for r in gathered.scores} >= {("spacy", "dev"), ("spacy", "test")}
     test = next(r for r in gathered.comparisons if r["split"] == "test")
     baseline_test = next(r for r in gathered.scores if r["run"] == "baseline" and r["split"] == "test")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import runner, train_argv
+from conftest import boot, boot_argv, runner, train_argv
 from encoder_study.core import files
 from encoder_study.data import conllu, synthetic
 from encoder_study.encoders.frozen import FrozenEncoder
@@ -112,8 +112,8 @@ def test_frozen_head_learns_and_beats_the_most_frequent_tag_baseline(minilm_expo
                                                    for s in sentences["train"])
     gold = [s.upos for s in sentences["dev"]]
     base = evaluate.accuracy_interval(gold, baseline([[w.form for w in s.words] for s in sentences["dev"]]),
-                                      resamples=100).upos
-    ours = evaluate.accuracy_interval(gold, tagger.predict(docs(sentences["dev"])), resamples=100).upos
+                                      boot()).upos
+    ours = evaluate.accuracy_interval(gold, tagger.predict(docs(sentences["dev"])), boot()).upos
     assert ours == result.best_dev_upos  # the weights put back are the ones that scored best
     assert ours > base + 3, (ours, base)
 
@@ -319,7 +319,7 @@ def test_the_tagging_command_trains_scores_compares_and_writes_provenance(tiny_e
     assert run(*finetune) == 0  # the retry resumes from step 3
     assert not checkpoint.exists()
     assert run("baseline", "--run", "baseline", "--out-dir", str(out / "baseline"), *splits,
-               "--resamples", "100", "--bootstrap-seed", "0",
+               *boot_argv(),
                "--provenance", str(prov / "tagging_baseline.md")) == 0
 
     for run_name, mode in (("frozen-mean", "frozen"), ("finetuned-first", "finetuned")):
@@ -354,8 +354,8 @@ def test_the_tagging_command_trains_scores_compares_and_writes_provenance(tiny_e
                "--compare", "finetuned-first:frozen-mean", "--compare", "frozen-mean:baseline",
                "--reference", "baseline", "--scores-out", str(gathered / "scores.csv"),
                "--comparisons-out", str(gathered / "comparisons.csv"),
-               "--plot", str(gathered / "dev.png"), "--seed", "0", "--caption", "Treebank: a test's.",
-               "--resamples", "100", "--provenance", str(prov / "tagging_tables.md")) == 0
+               "--plot", str(gathered / "dev.png"), "--caption", "Treebank: a test's.",
+               *boot_argv(), "--provenance", str(prov / "tagging_tables.md")) == 0
     scores = read_csv(gathered / "scores.csv")
     assert len(scores) == 6 and {r["run"] for r in scores} == {"frozen-mean", "finetuned-first", "baseline"}
     comparisons = read_csv(gathered / "comparisons.csv")
@@ -374,7 +374,7 @@ def test_the_tagging_command_trains_scores_compares_and_writes_provenance(tiny_e
     with pytest.raises(runs_splits.RunError, match=r"no run 'nope' among \['baseline'\]"):
         run("tables", f"--run-dir={out / 'baseline'}", "--compare", "baseline:nope",
             "--scores-out", str(tmp_path / "x.csv"), "--comparisons-out", str(tmp_path / "y.csv"),
-            "--resamples", "100", "--seed", "0", "--caption", "", "--provenance",
+            *boot_argv(), "--caption", "", "--provenance",
             str(prov / "tagging_tables-bad.md"))
 
 
@@ -481,7 +481,7 @@ def test_extra_test_sets_are_scored_compared_and_leave_dev_and_test_bytes_alone(
     assert "ood" in json.loads((out / "extra" / "run.json").read_text())["splits"]
     splits = ["--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"])]
     assert run("baseline", "--run", "baseline", "--out-dir", str(out / "baseline"), *splits,
-               "--extra", f"ood={ood}", "--resamples", "100", "--bootstrap-seed", "0",
+               "--extra", f"ood={ood}", *boot_argv(),
                "--provenance", str(prov / "tagging_baseline.md")) == 0
     assert [r["split"] for r in read_csv(out / "baseline" / "scores.csv")] == ["dev", "ood", "test"]
     with pytest.raises(SystemExit):  # a treebank split's name is not an extra set's
@@ -491,8 +491,8 @@ def test_extra_test_sets_are_scored_compared_and_leave_dev_and_test_bytes_alone(
     assert run("tables", f"--run-dir={out / 'extra'}", f"--run-dir={out / 'baseline'}",
                "--gold", f"dev={bank['dev']}", "--gold", f"test={bank['test']}", "--gold", f"ood={ood}",
                "--compare", "extra:baseline", "--scores-out", str(gathered / "scores.csv"),
-               "--comparisons-out", str(gathered / "comparisons.csv"), "--seed", "0", "--caption", "",
-               "--resamples", "100", "--provenance", str(prov / "tagging_tables.md")) == 0
+               "--comparisons-out", str(gathered / "comparisons.csv"), "--caption", "",
+               *boot_argv(), "--provenance", str(prov / "tagging_tables.md")) == 0
     scores = {(r["run"], r["split"]): float(r["upos"]) for r in read_csv(gathered / "scores.csv")}
     comparisons = {r["split"]: r for r in read_csv(gathered / "comparisons.csv")}
     assert sorted(comparisons) == ["dev", "ood", "test"]

@@ -313,7 +313,8 @@ def test_report_holds_every_table_and_plot_with_a_caption(small_workflow):
 def test_report_captions_are_the_runs_whatever_the_config(small_workflow, tmp_path):
     """The captions and the landing page say what ran, not what the config `--report` is given says."""
     other = tmp_path / "other.yaml"
-    other.write_text("tagging: {resamples: 500, seed: 7}\nexport: {tolerance: 0.5}\ntexts: {seed: 3}\n")
+    other.write_text("tagging: {bootstrap: {resamples: 500, seed: 7}}\nexport: {tolerance: 0.5}\n"
+                     "texts: {seed: 3}\n")
     _, ran, ran_landing, _ = _report(small_workflow, "report.zip")  # the previous test's
     _, told, told_landing, _ = _report(small_workflow, "told.zip", "--configfile", str(other))
     assert {p: e["caption"] for p, e in told.items()} == {p: e["caption"] for p, e in ran.items()}

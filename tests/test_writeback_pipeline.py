@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import runner
+from conftest import boot_argv, runner
 from encoder_study.core import files
 from encoder_study.data import conllu, synthetic
 from encoder_study.encoders.frozen import FrozenEncoder
@@ -362,7 +362,7 @@ def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, t
     assert [r["tokens"] for r in rows if r["comparison"] == checks.COMPARISONS[2]] == [str(words)] * 2
 
     agreement, rows = command("agreement", "--test", str(bank["test"]), "--pred-dir",
-                              str(tmp_path / "writeback"), "--resamples", "200", "--seed", "0",
+                              str(tmp_path / "writeback"), *boot_argv(200),
                               "--threads", "1")
     assert [r["differing_tokens"] for r in rows] == ["0", "0"]
     assert all(r["upos"] == r["upos_inline"] and float(r["ci_low"]) <= float(r["upos"]) <= float(r["ci_high"])
@@ -395,7 +395,7 @@ def test_the_writeback_commands_write_their_tables_and_fragments(tiny_exports, t
     before = {p: p.read_bytes() for p in (parity, agreement)}
     command("parity", "--texts", str(texts), "--threads", "1")
     command("agreement", "--test", str(bank["test"]), "--pred-dir", str(tmp_path / "writeback"),
-            "--resamples", "200", "--seed", "0", "--threads", "1")
+            *boot_argv(200), "--threads", "1")
     assert {p: p.read_bytes() for p in before} == before
 
 

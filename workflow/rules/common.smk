@@ -15,7 +15,10 @@ from encoder_study.data import SPLITS as TREEBANK_SPLITS
 from encoder_study.provenance.deps import code_files, code_stamp
 from encoder_study.core.files import local_path
 from encoder_study.core.machine import cores as machine_cores
+from encoder_study.core.captions import composed
 from encoder_study.core.results import LANDING, RESULTS
+from encoder_study.core.settings import flags
+from encoder_study.recipes.tagging.settings import Bootstrap
 
 LIB_ROOT = Path("workflow/lib")
 # The dependency walk's parsed files, by content (encoder_study.provenance.deps): it saves every command ~0.5 s.
@@ -47,6 +50,9 @@ CORES = _workflow_cores()
 if workflow.local_exec and workflow.nodes is None and CORES > MACHINE_CORES:
     workflow.global_resources["_cores"] = MACHINE_CORES
 
+# The intervals' bootstrap (tagging.bootstrap) as the options every scoring command takes.
+BOOTSTRAP = flags(Bootstrap, config["tagging"]["bootstrap"], "bootstrap")
+
 # recipe -> fragments in the order the workflow makes them; each rule file appends its own.
 RECIPES = {}
 
@@ -64,11 +70,21 @@ def lib_code(command, subcommand=None):
     return stamps
 
 
+CAPTIONS = Path(".snakemake/encoder-study/captions")
+
+
+def caption(source, recipe):
+    """A caption for Snakemake's report: workflow/report/<source> with its shared block composed
+    (encoder_study.core.captions), written under .snakemake/encoder-study/captions/."""
+    return str(composed(Path(workflow.basedir) / "workflow" / "report" / source, recipe,
+                        CAPTIONS / source).resolve())
+
+
 def result(name):
     """An output the report shows, as the results registry (encoder_study.core.results) spells it: its
     path, caption and place in the report."""
     entry = RESULTS[name]
-    return report(entry.path, caption=f"../report/{entry.caption}", category=entry.category,
+    return report(entry.path, caption=caption(entry.caption, entry.category), category=entry.category,
                   subcategory=entry.subcategory)
 
 

@@ -29,7 +29,7 @@ for _name, _entry in sorted(REPORT_TABLES.items()):
             markdown=_entry.markdown,
             code=lib_code("report", "table"),
         output:
-            html=report(_entry.html, caption=f"../report/{_entry.caption}", category=_entry.category,
+            html=report(_entry.html, caption=caption(_entry.caption, _entry.category), category=_entry.category,
                         subcategory=_entry.subcategory),
         params:
             title=f"{_entry.title} (HTML rendering of {_entry.markdown})",
@@ -53,7 +53,7 @@ rule report_settings:
         code=lib_code("report", "settings"),
     output:
         rst="results/report/settings.rst",
-        html=report(REPORT_SETTINGS, caption="../report/run_settings.rst", category="run"),
+        html=report(REPORT_SETTINGS, caption=caption("run_settings.rst", "run"), category="run"),
     localrule: True
     log:
         "logs/report/report_settings.log",

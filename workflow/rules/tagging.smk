@@ -139,8 +139,8 @@ rule tagging_train:
         # rerun) resumes from it. The command removes it once the run is done, so a later rerun (new
         # code, new data) starts afresh.
         checkpoint=lambda wc: f"results/tagging/checkpoints/{wc.run}.pt",
-        resamples=config["tagging"]["resamples"],
         seed=config["tagging"]["seed"],
+        bootstrap=BOOTSTRAP,
         # `auto` (the default) resolves in the job, so the host's GPU is not a rerun trigger.
         device=config["tagging"]["device"],
     threads: threads_for("tagging_train")
@@ -158,8 +158,7 @@ rule tagging_train:
         "encoder-study tagging train --run {wildcards.run:q} --model-dir {params.model_dir:q}"
         " --train {input.train:q} --dev {input.dev:q} --test {input.test:q} {params.extra}"
         " --out-dir {params.out_dir:q} --checkpoint {params.checkpoint:q}"
-        " {params.options} --seed {params.seed} --resamples {params.resamples}"
-        " --bootstrap-seed {params.seed} --threads {threads} --device {params.device}"
+        " {params.options} --seed {params.seed} {params.bootstrap} --threads {threads} --device {params.device}"
         " --provenance {output.prov:q} >> {log:q} 2>&1"
 
 
@@ -177,8 +176,7 @@ rule tagging_baseline:
     params:
         out_dir=lambda wc, output: Path(output.scores).parent,
         extra=EXTRA_OPTIONS,
-        resamples=config["tagging"]["resamples"],
-        seed=config["tagging"]["seed"],
+        bootstrap=BOOTSTRAP,
     log:
         "logs/tagging/tagging_baseline.log",
     resources: **resources_of("tagging_baseline")
@@ -186,8 +184,8 @@ rule tagging_baseline:
         CONDA_ENV
     shell:
         "encoder-study tagging baseline --run baseline --train {input.train:q} --dev {input.dev:q}"
-        " --test {input.test:q} {params.extra} --out-dir {params.out_dir:q} --resamples {params.resamples}"
-        " --bootstrap-seed {params.seed} --provenance {output.prov:q} > {log:q} 2>&1"
+        " --test {input.test:q} {params.extra} --out-dir {params.out_dir:q} {params.bootstrap}"
+        " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 # spaCy runs (mode spacy): an external baseline, a spaCy pipeline tagging the treebank's words. Source
@@ -248,8 +246,7 @@ if SPACY_NAMES:
             out_dir=lambda wc, output: Path(output.scores).parent,
             extra=EXTRA_OPTIONS,
             batch_size=config["tagging"]["spacy"]["batch_size"],
-            resamples=config["tagging"]["resamples"],
-            seed=config["tagging"]["seed"],
+            bootstrap=BOOTSTRAP,
         log:
             "logs/tagging/tagging_spacy-{run}.log",
         benchmark:
@@ -260,7 +257,7 @@ if SPACY_NAMES:
         shell:
             "encoder-study tagging spacy --run {wildcards.run:q} {params.options} --dev {input.dev:q}"
             " --test {input.test:q} {params.extra} --out-dir {params.out_dir:q} --batch-size {params.batch_size}"
-            " --resamples {params.resamples} --bootstrap-seed {params.seed} --provenance {output.prov:q}"
+            " {params.bootstrap} --provenance {output.prov:q}"
             " > {log:q} 2>&1"
 
     SPACY_OUTPUTS = {key: expand(getattr(rules.tagging_spacy.output, key), run=SPACY_NAMES)
@@ -295,8 +292,7 @@ rule tagging_tables:
         # Every gold split: the comparisons are made on dev, test and each extra test set.
         gold=GOLD_OPTIONS,
         caption=TREEBANK_CAPTION,
-        resamples=config["tagging"]["resamples"],
-        seed=config["tagging"]["seed"],
+        bootstrap=BOOTSTRAP,
     log:
         "logs/tagging/tagging_tables.log",
     conda:
@@ -305,8 +301,8 @@ rule tagging_tables:
         "encoder-study tagging tables {params.run_dirs} {params.gold}"
         " {params.compare} --reference baseline {params.references} --scores-out {output.scores:q}"
         " --comparisons-out {output.comparisons:q} --plot {output.plot:q} --scores-plot {output.scores_plot:q}"
-        " --comparisons-plot {output.comparisons_plot:q} --resamples {params.resamples}"
-        " --seed {params.seed} --caption {params.caption:q} --provenance {output.prov:q} > {log:q} 2>&1"
+        " --comparisons-plot {output.comparisons_plot:q} {params.bootstrap}"
+        " --caption {params.caption:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
 # Per-tag accuracy of the best frozen and the best fine-tuned run (highest development UPOS, ties to the

@@ -99,8 +99,7 @@ rule writeback_agreement:
     params:
         runs=WRITEBACK_RUN_OPTIONS,
         pred_dir=lambda wc, output: Path(output.table).parent,  # <pred-dir>/<run>/test.pred.conllu
-        resamples=config["tagging"]["resamples"],
-        seed=config["tagging"]["seed"],
+        bootstrap=BOOTSTRAP,
     threads: threads_for("writeback_agreement")
     log:
         "logs/writeback/writeback_agreement.log",
@@ -111,7 +110,7 @@ rule writeback_agreement:
         CONDA_ENV
     shell:
         "encoder-study writeback agreement {params.runs} --test {input.test:q} --pred-dir {params.pred_dir:q}"
-        " --resamples {params.resamples} --seed {params.seed} --threads {threads}"
+        " {params.bootstrap} --threads {threads}"
         " --out {output.table:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 

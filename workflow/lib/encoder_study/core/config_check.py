@@ -37,6 +37,10 @@ def _expected(kind) -> str:
                         "null": "null"}.get(k, k) for k in kinds)
 
 
+# Keys that moved: old path -> new path, so a config written for an earlier version gets the fix.
+MOVED = {"tagging.resamples": "tagging.bootstrap.resamples"}
+
+
 def _unknown(error) -> list[str]:
     known = sorted((error.schema.get("properties") or {}).keys())
     patterns = error.schema.get("patternProperties") or {}
@@ -45,6 +49,11 @@ def _unknown(error) -> list[str]:
     for key in sorted(map(str, set(error.instance) - set(known))):
         if any(re.search(pattern, key) for pattern in patterns):
             continue  # a key a pattern allows is not unknown
+        moved = MOVED.get(path_of([*error.absolute_path, key]))
+        if moved:
+            lines.append(f"config: '{path_of([*error.absolute_path, key])}' moved to '{moved}'; "
+                         "rename it there")
+            continue
         near = difflib.get_close_matches(key, known, 1)
         hint = f" (did you mean '{path_of([*error.absolute_path, near[0]])}'?)" if near else ""
         lines.append(f"config: unknown key '{path_of([*error.absolute_path, key])}'{hint}; the keys of "

@@ -181,10 +181,20 @@ def bootstrap(run: Run) -> str:
     scored = run.settings("tagging_train") + run.settings("tagging_baseline") + run.settings("tagging_spacy")
     if not tables and not scored:
         return f"bootstrap {NOT_RECORDED}"
-    resamples = [s["resamples"] for s in tables + scored if "resamples" in s]
-    seeds = [s.get("seed") for s in tables] + [s.get("bootstrap_seed") for s in scored]
-    return (f"{agreed(resamples, 'job')} sentence resamples, bootstrap seed "
-            f"{agreed([s for s in seeds if s is not None], 'job')}")
+    recorded = [_bootstrap_of(s, "seed") for s in tables]
+    recorded += [_bootstrap_of(s, "bootstrap_seed") for s in scored]
+    resamples = [b["resamples"] for b in recorded if b.get("resamples") is not None]
+    seeds = [b["seed"] for b in recorded if b.get("seed") is not None]
+    return f"{agreed(resamples, 'job')} sentence resamples, bootstrap seed {agreed(seeds, 'job')}"
+
+
+def _bootstrap_of(settings: Mapping, old_seed: str) -> dict:
+    """A job's bootstrap settings: the `bootstrap` group, or, in runs recorded before it was one group,
+    `resamples` and the seed under `old_seed` (`seed` for the tables and write-back, `bootstrap_seed`
+    for the scoring runs)."""
+    if isinstance(settings.get("bootstrap"), Mapping):
+        return dict(settings["bootstrap"])
+    return {"resamples": settings.get("resamples"), "seed": settings.get(old_seed)}
 
 
 def splits(run: Run) -> str:
@@ -262,7 +272,8 @@ def writeback_bootstrap(run: Run) -> str:
     s = run.first_settings("writeback_agreement")
     if s is None:
         return f"bootstrap {NOT_RECORDED}"
-    return f"{number(s.get('resamples'))} sentence resamples, bootstrap seed {s.get('seed')}"
+    b = _bootstrap_of(s, "seed")
+    return f"{number(b.get('resamples'))} sentence resamples, bootstrap seed {b.get('seed')}"
 
 
 def student_training(run: Run) -> str:

@@ -7,11 +7,12 @@ from pathlib import Path
 
 from ...core import files
 from . import evaluate
+from .settings import Bootstrap
 from .splits import RUN_JSON, SCORES, pred_path, read_splits, score_split, scored_splits, split_record
 
 
 def baseline_run(run: str, paths: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
-                 resamples: int, bootstrap_seed: int) -> tuple[list[dict], list[Path]]:
+                 bootstrap: Bootstrap) -> tuple[list[dict], list[Path]]:
     """The most-frequent-tag baseline from train: dev, test (and extra test sets) predictions and scores."""
     out_dir = Path(out_dir)
     scored = scored_splits(paths)
@@ -21,8 +22,7 @@ def baseline_run(run: str, paths: dict[str, str | os.PathLike], out_dir: str | o
     rows = []
     for split in scored:
         predicted = baseline([[w.form for w in s.words] for s in sentences[split]])
-        accuracy = score_split(sentences[split], predicted, pred_path(out_dir, split), resamples,
-                               bootstrap_seed)
+        accuracy = score_split(sentences[split], predicted, pred_path(out_dir, split), bootstrap)
         rows.append(evaluate.score_row(run, "none", "baseline", "none", split, accuracy))
     evaluate.write_scores(out_dir / SCORES, rows)
     files.write_json(out_dir / RUN_JSON, {

@@ -46,14 +46,23 @@ import argparse
 from pathlib import Path
 
 from ... import provenance
-from ...core import files
+from ...core import files, settings
 from ...core.errors import UserError
 from ...data import SPLITS
+from .settings import Bootstrap
+
+# predict is run by hand: its bootstrap has defaults (the tables' come from the config).
+PREDICT_BOOTSTRAP = Bootstrap(resamples=1000, seed=0, confidence=0.95, method="percentile")
 
 
 def _settings(args, *skip: str) -> dict:
-    """The fragment's settings table: the arguments, without the subcommand's function."""
-    return provenance.settings(args, ("run", *skip))
+    """The fragment's settings table: the arguments, without the subcommand's function; a group of
+    settings (the bootstrap) under its one name."""
+    return settings.recorded(provenance.settings(args, ("run", *skip)), Bootstrap, "bootstrap")
+
+
+def _bootstrap(args) -> Bootstrap:
+    return settings.from_args(Bootstrap, args, "bootstrap")
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -164,9 +173,7 @@ def _add_train(sub) -> None:
     e.add_argument("--max-batch-pieces", type=int, required=True, help="finetuned: padded pieces per batch")
     e.add_argument("--train-embeddings", action="store_true",
                    help="finetuned: train the token table too (it is then saved in the pipeline)")
-    s = p.add_argument_group("scoring")
-    s.add_argument("--resamples", type=int, required=True)
-    s.add_argument("--bootstrap-seed", type=int, required=True)
+    settings.add_options(p.add_argument_group("bootstrap"), Bootstrap, "bootstrap")
 
 
 def _add_training_options(g) -> None:
@@ -201,8 +208,7 @@ def _add_baseline(sub) -> None:
     p.add_argument("--run", dest="run_name", required=True, help="the run's name in the tables")
     _add_split_arguments(p, None, "NAME=PATH: an extra test set; repeat")
     p.add_argument("--out-dir", required=True, help="results/tagging/<run>")
-    p.add_argument("--resamples", type=int, required=True)
-    p.add_argument("--bootstrap-seed", type=int, required=True)
+    settings.add_options(p.add_argument_group("bootstrap"), Bootstrap, "bootstrap")
 
 
 def _add_spacy(sub) -> None:
@@ -233,8 +239,7 @@ def _add_spacy(sub) -> None:
                    help="NAME=PATH: an extra test set, scored once like test; repeat")
     p.add_argument("--out-dir", required=True, help="results/tagging/<run>")
     p.add_argument("--batch-size", type=int, required=True, help="documents per spaCy batch when tagging")
-    p.add_argument("--resamples", type=int, required=True)
-    p.add_argument("--bootstrap-seed", type=int, required=True)
+    settings.add_options(p.add_argument_group("bootstrap"), Bootstrap, "bootstrap")
 
 
 def _add_table_commands(sub) -> None:
@@ -250,8 +255,7 @@ def _add_table_commands(sub) -> None:
     p.add_argument("--plot", help="PNG of development UPOS against step")
     p.add_argument("--scores-plot", help="PNG: the scores as a forest plot (UPOS, interval per run)")
     p.add_argument("--comparisons-plot", help="PNG: the paired differences as a forest plot")
-    p.add_argument("--resamples", type=int, required=True)
-    p.add_argument("--seed", type=int, required=True)
+    settings.add_options(p.add_argument_group("bootstrap"), Bootstrap, "bootstrap")
     p.add_argument("--caption", required=True, help="what treebank the numbers are on (under the .md tables)")
 
     p = _rule_command(sub, "per-tag", "per-tag accuracy of the best frozen and the best fine-tuned run",
@@ -304,8 +308,8 @@ def _add_predict(sub) -> None:
                    help="threads (default: the run's, as its pipeline records them, else 1)")
     p.add_argument("--score", action="store_true",
                    help="print UPOS accuracy against the input's own tags (CoNLL-U with gold tags)")
-    p.add_argument("--resamples", type=int, default=1000, help="--score: bootstrap resamples (default 1000)")
-    p.add_argument("--seed", type=int, default=0, help="--score: bootstrap seed (default 0)")
+    settings.add_options(p.add_argument_group("--score's bootstrap"), Bootstrap, "bootstrap",
+                         PREDICT_BOOTSTRAP)
 
 
 def treebank(args) -> int:
@@ -403,7 +407,7 @@ def train(args) -> int:
         frag.inputs += [*paths.values(), *(model_dir / n for n in manifest.EXPORT_FILES)]
         done = runs.train_run(args.run_name, model_dir, args.pooling, paths, args.out_dir, settings, options,
                               checkpoint=args.checkpoint, chunk_steps=args.chunk_steps,
-                              resamples=args.resamples, bootstrap_seed=args.bootstrap_seed, progress=True)
+                              bootstrap=_bootstrap(args), progress=True)
         frag.outputs += done.outputs
         _report_device(device, settings.precision)
         frag.table("Scores", evaluate.scores_markdown(done.rows))
@@ -450,8 +454,7 @@ def baseline(args) -> int:
     paths = {**{split: getattr(args, split) for split in SPLITS}, **_extras(args.extra)}
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
         frag.inputs += list(paths.values())
-        rows, outputs = baseline_tagger.baseline_run(args.run_name, paths, args.out_dir, args.resamples,
-                                                     args.bootstrap_seed)
+        rows, outputs = baseline_tagger.baseline_run(args.run_name, paths, args.out_dir, _bootstrap(args))
         frag.outputs += outputs
         frag.table("Scores", evaluate.scores_markdown(rows))
         frag.note("most frequent UPOS of each form in train; an unseen form gets the most frequent tag of "
@@ -499,7 +502,7 @@ def spacy(args) -> int:
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
         frag.inputs += [*paths.values(), *(p for p in (args.config, args.wheel) if p is not None)]
         done = spacy_tagger.run(args.run_name, source, paths, args.out_dir, args.seed, args.batch_size,
-                                args.resamples, args.bootstrap_seed, log=sys.stdout)
+                                _bootstrap(args), log=sys.stdout)
         frag.outputs += done.outputs
         provenance.used("spaCy pipeline", f"{source.encoder}: {', '.join(done.record['components'])}")
         frag.table("Scores", evaluate.scores_markdown(done.rows))
@@ -542,7 +545,7 @@ def tables(args) -> int:
 
     with provenance.Fragment(args.provenance, _settings(args)) as frag:
         gathered = gather.gather(args.run_dir, dict(args.gold), args.compare, args.scores_out,
-                                 args.comparisons_out, args.plot, args.reference, args.resamples, args.seed,
+                                 args.comparisons_out, args.plot, args.reference, _bootstrap(args),
                                  args.caption, scores_plot=args.scores_plot,
                                  comparisons_plot=args.comparisons_plot)
         frag.inputs += gathered.inputs
@@ -608,8 +611,8 @@ def predict(args) -> int:
     from .predict import predict as tag_file
 
     done = tag_file(args.pipeline, args.input, args.out, input_format=args.format,
-                    batch_sentences=args.batch_sentences, threads=args.threads, score=args.score,
-                    resamples=args.resamples, seed=args.seed)
+                    batch_sentences=args.batch_sentences, threads=args.threads,
+                    score=_bootstrap(args) if args.score else None)
     rate = done.words / done.seconds if done.seconds > 0 else float("inf")
     print(f"encoder-study tagging predict: {done.sentences} sentences, {done.words} words -> {done.out} "
           f"({rate:.0f} words/s on {done.threads} thread(s), groups of {done.batch_words} words)")

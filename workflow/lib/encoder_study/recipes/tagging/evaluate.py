@@ -10,12 +10,12 @@ batches of `BATCH` resamples so memory stays O(BATCH x sentences), and a `numpy.
 seeded from `seed` (`rng=`; scipy 1.17 takes `rng`, `random_state` is the legacy name). The batch
 size does not change the numbers: the resamples are drawn from the generator in the same order.
 
-Interval method: percentile by default, BCa on request (`method="bca"`). BCa's jackknife is n
-evaluations over n - 1 sentences: O(n^2) time, and O(n^2) memory unless batched (n x (n - 1) values
-per array); batching keeps either method's memory small. On the treebank's sizes BCa costs more time
-and moves the interval's ends by less than one unit of the two decimals the tables print (measured:
-CHANGELOG.md). Percentile is kept because (1) at these sizes the bootstrap distribution of a ratio of
-sums is close to normal, so BCa's corrections are negligible; (2) it gives the exact degenerate
+Interval method (`settings.Bootstrap`, config `tagging.bootstrap`): percentile, or BCa (`method="bca"`).
+BCa's jackknife is n evaluations over n - 1 sentences: O(n^2) time, and O(n^2) memory unless batched
+(n x (n - 1) values per array); batching keeps either method's memory small. On the treebank's sizes
+BCa costs more time and moves the interval's ends by less than one unit of the two decimals the tables
+print (measured: CHANGELOG.md). Percentile is kept because (1) at these sizes the bootstrap distribution
+of a ratio of sums is close to normal, so BCa's corrections are negligible; (2) it gives the exact degenerate
 answers, [100, 100] for a tagger that is always right and [0, 0] for a system compared with itself,
 where BCa's acceleration is 0/0 and scipy returns NaN (`method="bca"` falls back to the percentile
 interval when every resample gives the same value); (3) it depends only on the bootstrap
@@ -28,6 +28,7 @@ rows by their key columns, so equal results give equal bytes; each has a Markdow
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -39,11 +40,8 @@ import numpy as np
 from ...core import files, tables
 from ...core.errors import UserError
 from ...data.conllu import UPOS
+from .settings import METHODS, Bootstrap
 
-RESAMPLES = 10_000
-CONFIDENCE = 0.95
-METHODS = ("percentile", "bca")
-DEFAULT_METHOD = "percentile"
 BATCH = 500  # resamples per vectorized call: 500 x 2,000 sentences x 8 bytes = 8 MB per array
 
 SCORE_KEYS = ["run", "encoder", "mode", "pooling", "split"]
@@ -134,51 +132,48 @@ def _percent(numerator: np.ndarray, tokens: np.ndarray, axis: int = -1) -> np.nd
     return 100.0 * np.sum(numerator, axis=axis) / np.sum(tokens, axis=axis)
 
 
-def _method(method: str) -> str:
-    name = method.lower()
+def _checked(bootstrap: Bootstrap) -> Bootstrap:
+    """The settings with the method's name in lower case; refuses an unknown method."""
+    name = bootstrap.method.lower()
     if name not in METHODS:
-        raise EvaluationError(f"interval method {method!r}: choose one of {', '.join(METHODS)}")
-    return name
+        raise EvaluationError(f"interval method {bootstrap.method!r}: choose one of {', '.join(METHODS)}")
+    return dataclasses.replace(bootstrap, method=name)
 
 
-def _interval(numerator: np.ndarray, tokens: np.ndarray, resamples: int, seed: int, confidence: float,
-              method: str) -> tuple[float, float]:
+def _interval(numerator: np.ndarray, tokens: np.ndarray, bootstrap: Bootstrap) -> tuple[float, float]:
     """Bootstrap interval of `_percent` over sentences, numerator and tokens resampled together."""
     from scipy import stats  # here: most importers of this module never resample (0.6 s of a job's start)
 
     if len(tokens) < 2:
         raise EvaluationError(f"a bootstrap interval needs at least two sentences, got {len(tokens)}")
-    common = dict(statistic=_percent, paired=True, vectorized=True, confidence_level=confidence,
+    common = dict(statistic=_percent, paired=True, vectorized=True, confidence_level=bootstrap.confidence,
                   batch=BATCH)
-    result = stats.bootstrap((numerator, tokens), n_resamples=resamples, method="percentile",
-                             rng=np.random.default_rng(seed), **common)
+    result = stats.bootstrap((numerator, tokens), n_resamples=bootstrap.resamples, method="percentile",
+                             rng=np.random.default_rng(bootstrap.seed), **common)
     # BCa reuses the same distribution; with no spread it is 0/0, and the percentile answer is exact.
-    if method == "bca" and np.ptp(result.bootstrap_distribution) > 0:
+    if bootstrap.method == "bca" and np.ptp(result.bootstrap_distribution) > 0:
         result = stats.bootstrap((numerator, tokens), n_resamples=0, bootstrap_result=result,
                                  method="BCa", **common)
     low, high = result.confidence_interval
     return float(low), float(high)
 
 
-def accuracy_interval(gold: Sequence[Tags], pred: Sequence[Tags], resamples: int = RESAMPLES,
-                      seed: int = 0, confidence: float = CONFIDENCE,
-                      method: str = DEFAULT_METHOD) -> Accuracy:
+def accuracy_interval(gold: Sequence[Tags], pred: Sequence[Tags], bootstrap: Bootstrap) -> Accuracy:
     """UPOS accuracy in percent and its bootstrap interval over resampled sentences.
 
     `gold` and `pred` hold one list of tags per sentence. The interval resamples whole sentences and
     takes the token-weighted ratio of each resample; see the module docstring for the method.
     """
-    method = _method(method)
+    b = _checked(bootstrap)
     correct, tokens = sentence_counts(gold, pred)
-    low, high = _interval(correct, tokens, resamples, seed, confidence, method)
+    low, high = _interval(correct, tokens, b)
     return Accuracy(upos=float(_percent(correct, tokens)), ci_low=low, ci_high=high,
-                    tokens=int(tokens.sum()), sentences=len(tokens), resamples=resamples, seed=seed,
-                    method=method, confidence=confidence)
+                    tokens=int(tokens.sum()), sentences=len(tokens), resamples=b.resamples, seed=b.seed,
+                    method=b.method, confidence=b.confidence)
 
 
 def paired_difference(gold: Sequence[Tags], pred_a: Sequence[Tags], pred_b: Sequence[Tags],
-                      resamples: int = RESAMPLES, seed: int = 0, confidence: float = CONFIDENCE,
-                      method: str = DEFAULT_METHOD) -> Difference:
+                      bootstrap: Bootstrap) -> Difference:
     """accuracy(a) - accuracy(b) in points, with an interval from the same resampled sentences for both.
 
     Pairing removes the variation the systems share (the hard sentences are hard for both), so the
@@ -187,15 +182,15 @@ def paired_difference(gold: Sequence[Tags], pred_a: Sequence[Tags], pred_b: Sequ
     which equals `upos_a - upos_b` up to the last bit of rounding. With the same seed and the same
     sentences, the resamples are the ones `accuracy_interval` draws for each system alone.
     """
-    method = _method(method)
+    b = _checked(bootstrap)
     correct_a, tokens = sentence_counts(gold, pred_a)
     correct_b, _ = sentence_counts(gold, pred_b)
     delta = correct_a - correct_b
-    low, high = _interval(delta, tokens, resamples, seed, confidence, method)
+    low, high = _interval(delta, tokens, b)
     return Difference(diff=float(_percent(delta, tokens)), ci_low=low, ci_high=high,
                       upos_a=float(_percent(correct_a, tokens)), upos_b=float(_percent(correct_b, tokens)),
-                      tokens=int(tokens.sum()), sentences=len(tokens), resamples=resamples, seed=seed,
-                      method=method, confidence=confidence)
+                      tokens=int(tokens.sum()), sentences=len(tokens), resamples=b.resamples, seed=b.seed,
+                      method=b.method, confidence=b.confidence)
 
 
 # --- the most-frequent-tag baseline -------------------------------------------------------------

@@ -17,6 +17,7 @@ from ...core import files, tables
 from ...data import conllu
 from ...data.conllu import Sentence
 from . import evaluate, figures
+from .settings import Bootstrap
 from .splits import HISTORY, RUN_JSON, SCORES, RunError, pred_path, read_history
 
 
@@ -43,7 +44,7 @@ class Gathered:
 def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathLike],
            compare: Sequence[tuple[str, str]], scores_out: str | os.PathLike,
            comparisons_out: str | os.PathLike | None, plot: str | os.PathLike | None,
-           references: Sequence[str], resamples: int, seed: int, caption: str = "",
+           references: Sequence[str], bootstrap: Bootstrap, caption: str = "",
            scores_plot: str | os.PathLike | None = None,
            comparisons_plot: str | os.PathLike | None = None) -> Gathered:
     """Join the runs' scores, compare runs pairwise on every split of `gold`, plot the dev curves.
@@ -69,7 +70,7 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
     if compare:
         if comparisons_out is None:
             raise RunError("comparisons asked for without a comparisons file to write")
-        comparisons = _compare(runs, gold, compare, resamples, seed, inputs)
+        comparisons = _compare(runs, gold, compare, bootstrap, inputs)
         outputs += list(evaluate.write_comparisons(comparisons_out, comparisons, caption))
         if comparisons_plot is not None:
             # A panel per encoder of run a: a random model's differences do not set the others' scale.
@@ -102,7 +103,7 @@ def _read_runs(run_dirs: Sequence[str | os.PathLike]) -> tuple[dict[str, Path], 
 
 
 def _compare(runs: dict[str, Path], gold: dict[str, str | os.PathLike], compare: Sequence[tuple[str, str]],
-             resamples: int, seed: int, inputs: list[Path]) -> list[dict]:
+             bootstrap: Bootstrap, inputs: list[Path]) -> list[dict]:
     """A row a - b per pair and split of `gold`, with its paired bootstrap interval; the files read are
     added to `inputs`."""
     comparisons = []
@@ -115,8 +116,7 @@ def _compare(runs: dict[str, Path], gold: dict[str, str | os.PathLike], compare:
             tags[name] = predicted_tags(gold_sentences, pred_path(runs[name], split))
             inputs.append(pred_path(runs[name], split))
         for a, b in compare:
-            difference = evaluate.paired_difference(gold_tags, tags[a], tags[b], resamples=resamples,
-                                                    seed=seed)
+            difference = evaluate.paired_difference(gold_tags, tags[a], tags[b], bootstrap)
             comparisons.append(evaluate.comparison_row(a, b, split, difference))
     return comparisons
 

@@ -1,8 +1,8 @@
 """Tag new data with a saved pipeline: a CoNLL-U file in, the same file with the UPOS column predicted out.
 
     done = predict("results/tagging/run/pipeline.safetensors", "new.conllu", "new.pred.conllu",
-                   input_format="conllu", batch_sentences=1000, threads=None, score=True, resamples=1000,
-                   seed=0)
+                   input_format="conllu", batch_sentences=1000, threads=None,
+                   score=Bootstrap(resamples=1000, seed=0, confidence=0.95, method="percentile"))
 
 Any pipeline `pipeline.load` reads works: inline weights (a tagging run's) or a written graph beside
 the file (the writeback recipe's). CoNLL-U output differs from the input only in the UPOS column of
@@ -48,6 +48,7 @@ from ...data import conllu
 from ...data.conllu import Sentence, TreebankError, Word
 from ...encoders.frozen import FrozenEncoder
 from . import evaluate, pipeline
+from .settings import Bootstrap
 from .tagger import EVAL_BATCH_WORDS, Tagger, word_batches
 
 FORMATS = ("conllu", "text")
@@ -185,18 +186,18 @@ def _tag_groups(tagger: Tagger, sentences: Sequence[Sentence], groups: Sequence[
 
 
 def predict(pipeline_path: str | os.PathLike, input_path: str | os.PathLike, out: str | os.PathLike,
-            input_format: str, batch_sentences: int, threads: int | None, score: bool, resamples: int,
-            seed: int, batch_words: int | None = None, progress: bool = True) -> Predicted:
+            input_format: str, batch_sentences: int, threads: int | None, score: Bootstrap | None,
+            batch_words: int | None = None, progress: bool = True) -> Predicted:
     """Tag `input_path` with the pipeline and write `out` (see the module docstring).
 
     `threads` None and `batch_words` None take the pipeline's recorded training settings (the run's
     thread count and `eval_batch_words`), else 1 and `tagger.EVAL_BATCH_WORDS`. With `score`, the input's
-    own UPOS are the gold tags (CoNLL-U only).
+    own UPOS are the gold tags (CoNLL-U only), scored with that bootstrap; None: not scored.
     """
     from ...encoders.trainable.common import determinism
 
     pipeline_path, input_path, out = Path(pipeline_path), Path(input_path), Path(out)
-    _check_request(pipeline_path, input_path, out, input_format, batch_sentences, score)
+    _check_request(pipeline_path, input_path, out, input_format, batch_sentences, score is not None)
     files.sweep(out)  # a killed run's temporary file, before the pipeline takes its time to load
     recorded = recorded_settings(pipeline_path)
     threads = machine.usable_threads(threads if threads is not None else int(recorded.get("threads", 1)))
@@ -206,9 +207,8 @@ def predict(pipeline_path: str | os.PathLike, input_path: str | os.PathLike, out
     batches = (conllu_batches if input_format == "conllu" else text_batches)(input_path, batch_sentences)
     with determinism(threads), files.atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8",
                                                                    newline="") as handle:
-        done = _tag_stream(tagger, batches, batch_words, handle, score, progress)
-    accuracy = (evaluate.accuracy_interval(done.gold, done.predicted, resamples=resamples, seed=seed)
-                if score else None)
+        done = _tag_stream(tagger, batches, batch_words, handle, score is not None, progress)
+    accuracy = evaluate.accuracy_interval(done.gold, done.predicted, score) if score is not None else None
     return Predicted(out=out, sentences=done.sentences, words=done.words, seconds=done.seconds,
                      batch_words=batch_words, threads=threads, accuracy=accuracy)
 

@@ -27,6 +27,7 @@ from ...core import files
 from ...encoders.frozen import FrozenEncoder
 from ...encoders.trainable.words import TrainableEncoder
 from . import evaluate, pipeline
+from .settings import Bootstrap
 from .splits import (
     HISTORY,
     RUN_JSON,
@@ -79,7 +80,7 @@ class TrainedRun:
 
 def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[str, str | os.PathLike],
               out_dir: str | os.PathLike, settings: TrainSettings, options: EncoderOptions,
-              checkpoint: str | os.PathLike, chunk_steps: int, resamples: int, bootstrap_seed: int,
+              checkpoint: str | os.PathLike, chunk_steps: int, bootstrap: Bootstrap,
               progress: bool) -> TrainedRun:
     """Train on paths["train"], select on paths["dev"], score dev and test once with the selected weights.
 
@@ -108,8 +109,7 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
     encoder = tagger.encoder.manifest.get("model", Path(model_dir).name)
     rows, scores = [], {}
     for split in scored:
-        scores[split] = score_split(sentences[split], predicted[split], pred_path(out_dir, split), resamples,
-                                    bootstrap_seed)
+        scores[split] = score_split(sentences[split], predicted[split], pred_path(out_dir, split), bootstrap)
         rows.append(evaluate.score_row(run, encoder, settings.mode, pooling, split, scores[split]))
     record = {
         "run": run, "encoder": encoder, "mode": settings.mode, "pooling": pooling, "kind": tagger.kind,

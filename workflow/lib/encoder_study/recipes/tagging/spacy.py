@@ -31,6 +31,7 @@ from pathlib import Path
 from ...core import files
 from ...core.errors import UserError
 from ...data.conllu import UPOS, Sentence
+from .settings import Bootstrap
 
 NOT_UD = "X"  # the UPOS of a word whose spaCy POS is not a UD tag
 # What the saved config.cfg must not carry: paths of files that exist only while training runs.
@@ -248,7 +249,7 @@ class SpacyRun:
 
 
 def run(name: str, source: Source, paths: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
-        seed: int, batch_size: int, resamples: int, bootstrap_seed: int, log) -> SpacyRun:
+        seed: int, batch_size: int, bootstrap: Bootstrap, log) -> SpacyRun:
     """Make the run's pipeline, tag dev, test and every extra test set of `paths` with it, score them.
 
     `train` trains on paths["train"] and selects on paths["dev"] (`train`); `package` unpacks the wheel.
@@ -276,7 +277,7 @@ def run(name: str, source: Source, paths: dict[str, str | os.PathLike], out_dir:
         tagged = tag(nlp, sentences[split], batch_size)
         not_ud[split] = dict(sorted(tagged.not_ud.items()))
         scores[split] = splits.score_split(sentences[split], tagged.upos, splits.pred_path(out_dir, split),
-                                           resamples, bootstrap_seed)
+                                           bootstrap)
         rows.append(evaluate.score_row(name, source.encoder, MODE, "none", split, scores[split]))
     record = _record(name, source, nlp, paths, read, not_ud, trained)
     if trained is not None:

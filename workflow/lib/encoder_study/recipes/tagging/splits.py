@@ -18,6 +18,7 @@ from ...core.errors import UserError
 from ...data import SPLITS, conllu
 from ...data.conllu import Sentence
 from . import evaluate
+from .settings import Bootstrap
 
 RUN_JSON = "run.json"
 SCORES = "scores.csv"
@@ -55,10 +56,10 @@ def read_splits(paths: dict[str, str | os.PathLike]) -> dict[str, list[Sentence]
 
 
 def score_split(sentences: Sequence[Sentence], predicted: Sequence[Sequence[str]], path: str | os.PathLike,
-                resamples: int, seed: int) -> evaluate.Accuracy:
+                bootstrap: Bootstrap) -> evaluate.Accuracy:
     """Write the predictions file and score it: accuracy with its sentence-bootstrap interval."""
     conllu.write_predictions(sentences, predicted, path)
-    return evaluate.accuracy_interval([s.upos for s in sentences], predicted, resamples=resamples, seed=seed)
+    return evaluate.accuracy_interval([s.upos for s in sentences], predicted, bootstrap)
 
 
 def split_record(path: str | os.PathLike) -> dict:

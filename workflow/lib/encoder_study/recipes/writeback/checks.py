@@ -13,6 +13,7 @@ from ...data import conllu
 from ...encoders import families
 from ...onnx import manifest
 from ..tagging import pipeline
+from ..tagging.settings import Bootstrap
 
 PARITY_COLUMNS = ["run", "encoder", "comparison", "tokens", "max_abs", "mean_abs", "max_value", "min_cos"]
 
@@ -84,7 +85,7 @@ def parity_markdown(rows: list[dict]) -> str:
 
 
 def agreement_row(run: str, inline: str | os.PathLike, written: str | os.PathLike, sentences, pred_out,
-                  resamples: int, seed: int, threads: int) -> dict:
+                  bootstrap: Bootstrap, threads: int) -> dict:
     """UPOS through the written graph (bootstrap interval) and its differences from the inline pipeline's."""
     from ..tagging import evaluate
 
@@ -95,12 +96,12 @@ def agreement_row(run: str, inline: str | os.PathLike, written: str | os.PathLik
     differing = sum(a != b for p, q in zip(ours, theirs, strict=True) for a, b in zip(p, q, strict=True))
     conllu.write_predictions(sentences, ours, pred_out)
     gold = [s.upos for s in sentences]
-    accuracy = evaluate.accuracy_interval(gold, ours, resamples=resamples, seed=seed)
-    inline_upos = evaluate.accuracy_interval(gold, theirs, resamples=resamples, seed=seed).upos
+    accuracy = evaluate.accuracy_interval(gold, ours, bootstrap)
+    inline_upos = evaluate.accuracy_interval(gold, theirs, bootstrap).upos
     return {"run": run, "encoder": _encoder_name(graph), "split": "test", "tokens": accuracy.tokens,
             "sentences": accuracy.sentences, "differing_tokens": differing, "upos": accuracy.upos,
             "ci_low": accuracy.ci_low, "ci_high": accuracy.ci_high, "upos_inline": inline_upos,
-            "resamples": resamples, "seed": seed}
+            "resamples": bootstrap.resamples, "seed": bootstrap.seed}
 
 
 def agreement_markdown(rows: list[dict]) -> str:

@@ -5,7 +5,8 @@
     encoder-study writeback parity --run R INLINE WRITTEN [--run ...] \\
         --texts results/texts/parity_texts.jsonl --threads 1 --out results/writeback/parity.csv ...
     encoder-study writeback agreement --run R INLINE WRITTEN ... --test results/treebank/test.conllu \\
-        --pred-dir results/writeback --resamples 10000 --seed 0 --out results/writeback/agreement.csv ...
+        --pred-dir results/writeback --bootstrap-resamples 10000 --bootstrap-seed 0 \\
+        --bootstrap-confidence 0.95 --bootstrap-method percentile --out results/writeback/agreement.csv ...
     encoder-study writeback speed --run R INLINE WRITTEN ... --test ... --sentences 200 \\
         --batch-pieces 512 --warmup 1 --repeats 2 --min-seconds 2 --out results/writeback/speed.csv ...
     encoder-study writeback speed-plot --table results/writeback/speed.csv \\
@@ -19,6 +20,8 @@ from __future__ import annotations
 import argparse
 
 from ... import provenance
+from ...core import settings
+from ..tagging.settings import Bootstrap
 
 
 def _positive(text: str) -> int:
@@ -32,7 +35,8 @@ def _fragment(args):
     from ...core.machine import usable_threads
 
     threads = usable_threads(args.threads)
-    return provenance.Fragment(args.provenance, provenance.settings(args), threads=threads)
+    recorded = settings.recorded(provenance.settings(args), Bootstrap, "bootstrap")
+    return provenance.Fragment(args.provenance, recorded, threads=threads)
 
 
 def pipeline(args) -> int:
@@ -88,18 +92,17 @@ def agreement(args) -> int:
     with _fragment(args) as frag:
         frag.inputs.append(args.test)
         sentences = conllu.read_conllu(args.test)
-        rows = []
+        rows, boot = [], settings.from_args(Bootstrap, args, "bootstrap")
         for run, inline, written in sorted(args.runs):
             frag.inputs += checks.run_inputs(inline, written)
             pred = Path(args.pred_dir) / run / "test.pred.conllu"
-            rows.append(checks.agreement_row(run, inline, written, sentences, pred, args.resamples,
-                                                args.seed, threads))
+            rows.append(checks.agreement_row(run, inline, written, sentences, pred, boot, threads))
             frag.outputs.append(pred)
         markdown = checks.agreement_markdown(rows)
         frag.outputs += checks.write_table(args.out, rows, checks.AGREEMENT_COLUMNS, markdown)
         frag.table("Write-back agreement", markdown)
-        frag.note(f"gold tokens of {args.test}; the interval resamples sentences ({args.resamples} "
-                  f"resamples, seed {args.seed}, percentile); differing tokens: tags the written graph's "
+        frag.note(f"gold tokens of {args.test}; the interval resamples sentences ({boot.resamples} "
+                  f"resamples, seed {boot.seed}, {boot.method}); differing tokens: tags the written graph's "
                   "pipeline predicts otherwise than the inline pipeline the weights came from")
         if any(int(r["differing_tokens"]) for r in rows):
             frag.note("WARNING: some tokens are tagged differently through the written graph")
@@ -186,8 +189,7 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--test", required=True, help="the test split, CoNLL-U")
         if name == "agreement":
             s.add_argument("--pred-dir", required=True, help="writes <pred-dir>/<run>/test.pred.conllu")
-            s.add_argument("--resamples", type=_positive, required=True)
-            s.add_argument("--seed", type=int, required=True)
+            settings.add_options(s.add_argument_group("bootstrap"), Bootstrap, "bootstrap")
         if name == "speed":
             s.add_argument("--sentences", type=_positive, required=True, help="the first N test sentences")
             s.add_argument("--batch-pieces", type=_positive, required=True,
