@@ -4,22 +4,25 @@ under one name."""
 
 import argparse
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
 
 import pytest
 
 from encoder_study.core import settings
 from encoder_study.recipes.tagging import command as tagging_command
-from encoder_study.recipes.tagging.settings import Bootstrap
+from encoder_study.recipes.tagging.settings import Bootstrap, Training
 from encoder_study.recipes.writeback import command as writeback_command
 
 
 @dataclass(frozen=True)
 class Example:
-    steps: int = field(metadata={"help": "steps"})
+    steps: int
     rate: float
-    name: str = field(metadata={"choices": ("a", "b c")})
+    name: str
     on: bool
+
+    OPTIONS: ClassVar[dict] = {"steps": "steps", "name": ("a name", ("a", "b c"))}
 
 
 def test_flags_parse_back_to_the_same_settings():
@@ -30,6 +33,8 @@ def test_flags_parse_back_to_the_same_settings():
         assert settings.from_args(Example, parser.parse_args(shlex.split(argv)), "ex") == given
     with pytest.raises(SystemExit):  # every option is required: defaults live in the schema
         parser.parse_args(["--ex-steps", "1"])
+    with pytest.raises(SystemExit):  # the choices are the class's
+        parser.parse_args(["--ex-steps", "1", "--ex-rate", "1", "--ex-name", "c", "--ex-on"])
     with pytest.raises(KeyError, match="no value for rate"):
         settings.flags(Example, {"steps": 1, "name": "a", "on": True}, "ex")
 
@@ -52,3 +57,11 @@ def test_a_commands_bootstrap_is_the_configs(capsys):
     recorded = settings.recorded({"bootstrap_resamples": 1234, "bootstrap_seed": 7, "out": "o"},
                                  Bootstrap, "bootstrap")
     assert recorded == {"bootstrap": {"resamples": 1234, "seed": 7}, "out": "o"}
+
+
+@pytest.mark.parametrize("group", [Bootstrap, Training])
+def test_every_setting_says_what_it_is(group):
+    assert set(group.OPTIONS) == {f.name for f in fields(group)}
+    for described in group.OPTIONS.values():
+        help_ = described[0] if isinstance(described, tuple) else described
+        assert help_ and not help_[0].isupper(), described

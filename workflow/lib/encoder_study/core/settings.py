@@ -4,15 +4,16 @@ object (`from_args`), and the fragment records it under the group's name (`datac
 
     @dataclass(frozen=True)
     class Bootstrap:
-        resamples: int = field(metadata={"help": "sentence resamples per interval"})
+        resamples: int
         ...
+        OPTIONS: ClassVar[dict] = {"resamples": "sentence resamples per interval", "method": (help, choices)}
 
     settings.add_options(parser, Bootstrap, "bootstrap")      # --bootstrap-resamples N, ... all required
     settings.flags(Bootstrap, config["tagging"]["bootstrap"], "bootstrap")   # in a rule's params
     boot = settings.from_args(Bootstrap, args, "bootstrap")
 
 Defaults live in the config schema only, so every generated option is required: a rule passes each one.
-A field's `metadata` may give `help` and `choices`.
+The class's `OPTIONS` (a ClassVar) gives each field's help, or (help, choices).
 """
 
 from __future__ import annotations
@@ -38,15 +39,16 @@ def add_options(parser, cls, prefix: str = "", defaults=None) -> None:
     of `cls`: for a command users run by hand, not a rule's), each option takes its value from it."""
     for f in fields(cls):
         kind = _TYPES[f.type if isinstance(f.type, str) else f.type.__name__]
-        extra = {"help": f.metadata.get("help"), "dest": _dest(prefix, f.name), "required": defaults is None}
+        described = getattr(cls, "OPTIONS", {}).get(f.name)
+        help_, choices = described if isinstance(described, tuple) else (described, None)
+        extra = {"help": help_, "dest": _dest(prefix, f.name), "required": defaults is None}
         if defaults is not None:
             extra.update(default=getattr(defaults, f.name),
                          help=f"{extra['help']} (default {getattr(defaults, f.name)})")
         if kind is bool:
             parser.add_argument(_option(prefix, f.name), action=argparse.BooleanOptionalAction, **extra)
         else:
-            parser.add_argument(_option(prefix, f.name), type=kind, choices=f.metadata.get("choices"),
-                                **extra)
+            parser.add_argument(_option(prefix, f.name), type=kind, choices=choices, **extra)
 
 
 def from_args(cls, args: argparse.Namespace, prefix: str = ""):

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -240,6 +241,25 @@ def normal_path(path: str | os.PathLike) -> Path:
     return real if path.is_absolute() or ".." in inside.parts else inside
 
 
+@dataclass
+class Done:
+    """What a stage did, for its command to record in the fragment (`Fragment.add`): the files it read
+    and wrote, its tables (title, Markdown), its notes, and the lines the command prints to the job's
+    log. A stage returns it; a command only records and prints."""
+
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    tables: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    said: list[str] = field(default_factory=list)
+
+    def table(self, title: str, markdown: str) -> None:
+        self.tables.append((title, markdown))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
 class Fragment:
     """Collects what one rule did and writes its fragment atomically.
 
@@ -279,6 +299,14 @@ class Fragment:
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+    def add(self, done: Done) -> Done:
+        """Record what a stage did (its files, tables and notes, in its order); returns it."""
+        self.inputs += done.inputs
+        self.outputs += done.outputs
+        self.tables += done.tables
+        self.notes += done.notes
+        return done
 
     def record(self) -> dict:
         """Every fact of the fragment as JSON-ready data: what the twin holds and the Markdown shows."""

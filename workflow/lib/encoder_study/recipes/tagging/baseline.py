@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ... import provenance
 from ...core import files
 from . import evaluate
 from .settings import Bootstrap
@@ -12,8 +13,9 @@ from .splits import RUN_JSON, SCORES, pred_path, read_splits, score_split, score
 
 
 def baseline_run(run: str, paths: dict[str, str | os.PathLike], out_dir: str | os.PathLike,
-                 bootstrap: Bootstrap) -> tuple[list[dict], list[Path]]:
-    """The most-frequent-tag baseline from train: dev, test (and extra test sets) predictions and scores."""
+                 bootstrap: Bootstrap) -> provenance.Done:
+    """The most-frequent-tag baseline from train: dev, test (and extra test sets) predictions and scores;
+    what it read and wrote, its scores and how it tags, for the fragment."""
     out_dir = Path(out_dir)
     scored = scored_splits(paths)
     sentences = read_splits({split: paths[split] for split in ("train", *scored)})
@@ -30,4 +32,8 @@ def baseline_run(run: str, paths: dict[str, str | os.PathLike], out_dir: str | o
         "splits": {split: split_record(paths[split]) for split in ("train", *scored)}})
     outputs = [pred_path(out_dir, split) for split in scored]
     outputs += [out_dir / name for name in (SCORES, "scores.md", RUN_JSON)]
-    return rows, outputs
+    done = provenance.Done(inputs=list(paths.values()), outputs=outputs)
+    done.table("Scores", evaluate.scores_markdown(rows))
+    done.note("most frequent UPOS of each form in train; an unseen form gets the most frequent tag of "
+              "train (ties: the alphabetically first tag)")
+    return done

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from ... import provenance
 from ...core import files, tables
 from ...data import conllu
 from ...data.conllu import Sentence
@@ -39,6 +40,16 @@ class Gathered:
     comparisons: list[dict]
     inputs: list[Path]
     outputs: list[Path]
+
+    @property
+    def done(self) -> provenance.Done:
+        """For the fragment: the files, the scores and the comparisons."""
+        done = provenance.Done(inputs=list(self.inputs), outputs=list(self.outputs))
+        done.table("Scores", evaluate.scores_markdown(self.scores))
+        if self.comparisons:
+            done.table("Comparisons (a - b, paired bootstrap over sentences)",
+                       evaluate.comparisons_markdown(self.comparisons))
+        return done
 
 
 def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathLike],
@@ -164,6 +175,14 @@ class PerTag:
     notes: list[str]
     inputs: list[Path]
     outputs: list[Path]
+    split: str
+
+    @property
+    def done(self) -> provenance.Done:
+        """For the fragment: the files, the table and how the runs were chosen."""
+        done = provenance.Done(inputs=list(self.inputs), outputs=list(self.outputs), notes=list(self.notes))
+        done.table(f"Per-tag accuracy ({self.split})", tables.markdown(self.rows, evaluate.PER_TAG_MARKDOWN))
+        return done
 
 
 def per_tag(run_dirs: Sequence[str | os.PathLike], scores_path: str | os.PathLike,
@@ -210,7 +229,7 @@ def per_tag(run_dirs: Sequence[str | os.PathLike], scores_path: str | os.PathLik
     outputs = list(evaluate.write_per_tag(out, rows, notes))
     figures.plot_per_tag(rows, plot)
     outputs.append(Path(plot))
-    return PerTag(rows=rows, best=best, notes=notes, inputs=inputs, outputs=outputs)
+    return PerTag(rows=rows, best=best, notes=notes, inputs=inputs, outputs=outputs, split=split)
 
 
 def read_record(path: Path) -> dict:

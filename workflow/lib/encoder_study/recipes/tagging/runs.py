@@ -23,7 +23,9 @@ import dataclasses
 import os
 from pathlib import Path
 
+from ... import provenance
 from ...core import files
+from ...core.tables import markdown_table
 from ...encoders.frozen import FrozenEncoder
 from ...encoders.trainable.words import TrainableEncoder
 from . import evaluate, pipeline
@@ -37,6 +39,7 @@ from .splits import (
     read_splits,
     score_split,
     scored_splits,
+    scores_said,
     split_record,
 )
 from .tagger import Tagger
@@ -134,3 +137,33 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
     outputs = [out_dir / name for name in (pipeline.FILE_NAME, SCORES, "scores.md", HISTORY, RUN_JSON)]
     outputs += [pred_path(out_dir, split) for split in scored]
     return TrainedRun(rows=rows, result=result, outputs=outputs, record=record)
+
+
+STOPPED = {"plateau": "--patience development evaluations without a new best",
+           "maximum": "the --epochs limit", "max_steps": "the --max-steps limit"}
+
+
+def recorded(name: str, run: TrainedRun, inputs: list, device: str) -> provenance.Done:
+    """What a trained run did, for its fragment: its files, scores and development history, how it was
+    selected and stopped, and in how many invocations it trained; the lines its log prints."""
+    result = run.result
+    done = provenance.Done(inputs=list(inputs), outputs=list(run.outputs))
+    done.table("Scores", evaluate.scores_markdown(run.rows))
+    done.table("Development history", markdown_table(
+        ["step", "epoch", "train loss", "dev UPOS"],
+        [(h["step"], f"{h['epoch']:.2f}", f"{h['train_loss']:.4f}", f"{h['dev_upos']:.2f}")
+         for h in result.history], "rrrr"))
+    done.note(f"selected step {result.best_step} of {result.steps} (development UPOS "
+              f"{result.best_dev_upos:.2f}); the test split and any extra test set were scored once, "
+              "with those weights")
+    done.note(f"stopped: {result.stopped} ({STOPPED[result.stopped]})")
+    chunks = ", ".join(f"steps {c['first_step']}-{c['last_step']} in {c['seconds']:.1f} s"
+                       for c in result.chunks)
+    done.note(f"trained in {len(result.chunks)} invocation(s): {chunks or 'none (resumed finished)'}")
+    if not run.record["dev_upos_check"]:
+        done.note("WARNING: the development score of the written predictions differs from the one that "
+                  "selected the weights")
+    done.said.append(f"{name}: on {device}; stopped at step {result.steps} ({result.stopped}), selected step "
+                     f"{result.best_step}")
+    done.said += scores_said(name, run.rows)
+    return done

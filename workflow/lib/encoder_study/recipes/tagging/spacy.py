@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import provenance
 from ...core import files
 from ...core.errors import UserError
 from ...data.conllu import UPOS, Sentence
@@ -310,3 +311,36 @@ def _record(name: str, source: Source, nlp, paths: dict, read: Sequence[str], no
         record["selected"] = {"step": trained.best_step, "dev_upos": trained.best_dev_upos}
         record["history"] = trained.history
     return record
+
+
+def recorded(name: str, source: Source, done: SpacyRun, inputs: list, seed: int) -> provenance.Done:
+    """What a spaCy run did, for its fragment: its files and scores, its training history or its package,
+    how the words were tagged; the lines its log prints."""
+    from ...core.tables import markdown_table
+    from . import evaluate
+    from .splits import scores_said
+
+    provenance.used("spaCy pipeline", f"{source.encoder}: {', '.join(done.record['components'])}")
+    out = provenance.Done(inputs=list(inputs), outputs=list(done.outputs))
+    out.table("Scores", evaluate.scores_markdown(done.rows))
+    trained = done.trained
+    if trained is not None:
+        out.table("Development history", markdown_table(
+            ["step", "epoch", "train loss", "dev UPOS"],
+            [(h["step"], h["epoch"], f"{h['train_loss']:.4f}", f"{h['dev_upos']:.2f}")
+             for h in trained.history], "rrrr"))
+        out.note(f"trained from {source.config} (seed {seed}) on the train split; selected step "
+                 f"{trained.best_step} (development UPOS {trained.best_dev_upos:.2f}), spaCy's model-best; "
+                 "every split tagged by the saved pipeline, reloaded")
+        if not done.record["dev_upos_check"]:
+            out.note("WARNING: the saved pipeline's development score differs from the one that selected it")
+    else:
+        out.note(f"published pipeline {done.record['encoder']}, unpacked from {source.wheel} (SHA-256 "
+                 f"{done.record['source']['wheel_sha256']})")
+    out.note("each sentence's gold words (a multiword token's words, not its surface form) as one spaCy "
+             "Doc through every component; UPOS from token.pos_")
+    for split, counts in done.record["not_ud"].items():
+        if counts:
+            out.note(f"{split}: spaCy POS outside UD's tags, scored as {NOT_UD}: {counts}")
+    out.said += scores_said(name, done.rows)
+    return out

@@ -64,3 +64,9 @@ def score_split(sentences: Sequence[Sentence], predicted: Sequence[Sequence[str]
 
 def split_record(path: str | os.PathLike) -> dict:
     return {"path": Path(path).as_posix(), "sha256": files.sha256_file(path)}
+
+
+def scores_said(name: str, rows: list[dict]) -> list[str]:
+    """A run's scores as its log prints them."""
+    return [f"{name}: {row['split']} UPOS {row['upos']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+            for row in rows]

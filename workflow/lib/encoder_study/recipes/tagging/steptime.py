@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ... import provenance
 from ...core import tables
 from ...core.errors import UserError
 from ...data.conllu import UPOS
@@ -198,3 +199,29 @@ def markdown(rows: list[dict]) -> str:
           f"{float(r['total_s_min']):.4f}-{float(r['total_s_max']):.4f} s", int(r["steps"]),
           f"{int(r['parameters']):,}", f"{float(r['gflops']):.3g}", fraction(r["fraction_of_gemm"]),
           fraction(r["forward_fraction_of_gemm"])) for r in rows], "llrrrrrrrrrrr")
+
+
+def table(models: list[tuple[str, str]], out: str | os.PathLike, *, batch: int, length: int, warmup: int,
+          steps: int, lr: float, seed: int, min_seconds: float, threads: int, device: str) -> provenance.Done:
+    """`step_time` for each (model directory, source JSON) in turn, one GEMM probe beside them all (on
+    the CPU), written to `out` (CSV, floats as repr, fixed columns) and its Markdown beside it."""
+    from ...core import files, machine
+
+    out = Path(out)
+    done = provenance.Done(outputs=[out, out.with_suffix(".md")])
+    rows, before = [], machine.load_average()
+    # One GEMM probe for every model's steps (the same threads): one calibration. None on a GPU.
+    probe = perf.Probe.beside(threads, min_seconds) if device == "cpu" else None
+    for model_dir, source in models:
+        done.inputs += [source, *(Path(model_dir) / n for n in (manifest.ONNX_FILE, manifest.MANIFEST))]
+        rows += step_time(model_dir, source, batch=batch, length=length, warmup=warmup, steps=steps, lr=lr,
+                          seed=seed, min_seconds=min_seconds, device=device, probe=probe)
+    files.write_text(out, tables.csv_text(rows, COLUMNS))
+    files.write_text(out.with_suffix(".md"), markdown(rows))
+    done.table("Fine-tuning step", markdown(rows))
+    done.note(f"medians of at least {steps} steps and {min_seconds:g} s of steps per implementation (the "
+              f"two taking turns) after {warmup} warm-up step(s); batch {batch} x {length} pieces; AdamW lr "
+              f"{lr}; token table frozen in both; load average before: {before}, after: "
+              f"{machine.load_average()}; indicative timings")
+    done.notes += probe.notes() if probe else []
+    return done

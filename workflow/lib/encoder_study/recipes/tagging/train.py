@@ -95,11 +95,10 @@ from ...data.conllu import UPOS, Sentence
 from ...encoders.trainable import harness
 from ...encoders.trainable.common import adamw
 from ...encoders.trainable.harness import TrainingError
+from .settings import MODES, OPTIMIZERS, Training
 from .tagger import Tagger, word_batches
 
 CHECKPOINT_FORMAT = "encoder_study.tagging.train/2"
-MODES = ("frozen", "finetuned")
-OPTIMIZERS = ("adamw", "lbfgs")
 STOPS = ("plateau", "maximum", "max_steps")  # TrainResult.stopped
 LBFGS_HISTORY = 20       # correction pairs L-BFGS keeps (torch's default is 100; 20 is ample for 17 x width)
 LBFGS_LINE_SEARCH = 25   # function evaluations one strong-Wolfe line search may take
@@ -108,31 +107,15 @@ ENCODE_SLICE = 1024  # documents per frozen-encoder call while filling the cache
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainSettings:
-    """Everything besides the encoder and the data that decides the trained weights.
+class TrainSettings(Training):
+    """Everything besides the encoder and the data that decides the trained weights (the fields are
+    `settings.Training`'s, spelled there once), with the device resolved and the values checked.
 
     Training stops after `max_steps` steps or `epochs` epochs, whichever comes first (0: no limit by
     that measure; one of them must be set), or earlier after `patience` development evaluations without
     a new best (0: never). `eval_every` 0 evaluates at the end of every epoch (for L-BFGS: every step).
     `device` is "cpu" or "cuda" (`resolve_device` resolves "auto").
     """
-
-    mode: str
-    optimizer: str
-    seed: int
-    lr: float
-    weight_decay: float
-    epochs: int
-    max_steps: int
-    warmup: int
-    batch_words: int
-    eval_every: int
-    eval_batch_words: int
-    clip: float
-    patience: int
-    threads: int
-    device: str
-    precision: str
 
     def __post_init__(self):
         for name, allowed in (("mode", MODES), ("optimizer", OPTIMIZERS), ("device", harness.DEVICES),
