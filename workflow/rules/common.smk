@@ -125,6 +125,8 @@ def crate_documents(wildcards):
 CONFIGURED = {"threads": set(), "resources": set()}
 # rule -> the config key its threads come from (named when no cluster node has that many CPUs).
 THREADS_KEY = {}
+# rule -> the threads a job of it asks of a cluster node (the preflight checks every rule's against sinfo).
+THREADS_ASKED = {}
 
 
 def threads_for(rule):
@@ -134,7 +136,8 @@ def threads_for(rule):
     """
     CONFIGURED["threads"].add(rule)
     THREADS_KEY[rule] = f"threads.{rule}" if rule in config["threads"] else "threads.default"
-    return int(config["threads"].get(rule, config["threads"]["default"]))
+    THREADS_ASKED[rule] = int(config["threads"].get(rule, config["threads"]["default"]))
+    return THREADS_ASKED[rule]
 
 
 def on_cluster():
@@ -161,7 +164,7 @@ def timed_threads(rule, key):
     value = config
     for part in key.split("."):
         value = value[part]
-    asked = int(value)
+    asked = THREADS_ASKED[rule] = int(value)
     return lambda wildcards: asked if on_cluster() else CORES
 
 
