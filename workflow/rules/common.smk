@@ -493,7 +493,8 @@ def preflight_config():
                                                          *(f"{s}_sha256" for s in TREEBANK_SPLITS))},
             "tagging": {"device": config["tagging"]["device"],
                         "runs": [r for r in config["tagging"]["runs"] if r["mode"] == "spacy"]},
-            "student": {k: student[k] for k in ("device", "processes", "corpus")},
+            "student": {**{k: student[k] for k in ("device", "processes")},
+                        "corpus": {k: student["corpus"].get(k) for k in ("source", "streams")}},
             "rehearsal": {"enabled": config["rehearsal"]["enabled"]}}
 
 
