@@ -44,6 +44,7 @@ include: "workflow/rules/retrieval.smk"
 include: "workflow/rules/provenance.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/benchmarks.smk"
+include: "workflow/rules/preflight.smk"
 
 
 # A per-rule key naming no rule that reads it would be ignored without a word (a typo, a rule renamed

@@ -32,8 +32,10 @@ LAYERS = (
     ("encoder_study.cli", 7),
 )
 # (importing recipe, imported recipe): the write-back reads the tagging runs' pipelines and scores them
-# as tagging does.
-DATA_FLOWS = {("writeback", "tagging")}
+# as tagging does; the preflight checks what acquisition reads (export's Hub patterns) and its device
+# check runs one step of the tagging and student recipes' own training (not copies of it).
+DATA_FLOWS = {("writeback", "tagging"), ("preflight", "export"), ("preflight", "tagging"),
+              ("preflight", "student")}
 
 
 def layer(module: str) -> int:

@@ -16,7 +16,7 @@ from encoder_study.report import landing as report_landing
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "workflow" / "rules"
-RECIPES = ("export", "parity", "student", "tagging", "writeback", "retrieval")
+RECIPES = ("export", "parity", "student", "tagging", "writeback", "retrieval", "preflight")
 
 # An output entry `name="path.csv",` or `name=report("path.csv", caption=..., ...)`.
 # The report's arguments may run over the following lines, up to its closing parenthesis.

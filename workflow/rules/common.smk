@@ -141,6 +141,8 @@ def crate_documents(wildcards):
 CONFIGURED = {"threads": set(), "resources": set()}
 # rule -> the config key its threads come from (named when no cluster node has that many CPUs).
 THREADS_KEY = {}
+# rule -> the threads a job of it asks of a cluster node (the preflight checks every rule's against sinfo).
+THREADS_ASKED = {}
 
 
 def threads_for(rule):
@@ -150,7 +152,8 @@ def threads_for(rule):
     """
     CONFIGURED["threads"].add(rule)
     THREADS_KEY[rule] = f"threads.{rule}" if rule in config["threads"] else "threads.default"
-    return int(config["threads"].get(rule, config["threads"]["default"]))
+    THREADS_ASKED[rule] = int(config["threads"].get(rule, config["threads"]["default"]))
+    return THREADS_ASKED[rule]
 
 
 def on_cluster():
@@ -177,7 +180,7 @@ def timed_threads(rule, key):
     value = config
     for part in key.split("."):
         value = value[part]
-    asked = int(value)
+    asked = THREADS_ASKED[rule] = int(value)
     return lambda wildcards: asked if on_cluster() else CORES
 
 
@@ -470,6 +473,69 @@ def model_option(model):
     """`--model <export dir> <source.json>` of a model, from the files model_files() names."""
     files = model_files(model)
     return f"--model {shlex.quote(str(Path(files[0]).parent))} {shlex.quote(files[-1])}"
+
+
+# -- the preflight recipe (preflight.smk) ---------------------------------------------------------------
+
+def preflight_cluster():
+    """`slurm` when this run submits to Slurm (--profile profiles/slurm), else `none`."""
+    return "slurm" if on_cluster() and getattr(workflow.executor_plugin, "name", "") == "slurm" else "none"
+
+
+def cluster_requests():
+    """rule -> what one of its jobs asks of a cluster node (CPUs, memory, runtime, GPUs, the threads'
+    config key), for every rule that runs as a cluster job, whether or not this run makes one. Local rules
+    (Snakefile's `localrules`, `_localrules` in Snakemake) run on the submitting host."""
+    found = {}
+    for each in workflow.rules:
+        name = each.name
+        if name in workflow._localrules or each.norun or name not in CONFIGURED["resources"]:
+            continue
+        processes = STUDENT_PROCESSES if name == "student_distill" else 1
+        found[name] = {"threads": THREADS_ASKED.get(name, 1),
+                       "mem_mb": int(resources_for(name, "mem_mb")) * processes,
+                       "runtime": int(resources_for(name, "runtime")),
+                       "gpus": int(resources_for(name, "gpu")) * processes,
+                       "threads_key": THREADS_KEY.get(name, "threads.default")}
+    return found
+
+
+def preflight_config():
+    """The config's parts the checks read (after rehearsal.smk's swaps): sources, devices, processes."""
+    texts, treebank, student = config["texts"], config["treebank"], config["student"]
+    return {"models": config["models"], "retrieval": {"model": config["retrieval"]["model"]},
+            "texts": {k: texts.get(k, "") for k in ("tatoeba", "tatoeba_sha256", "udhr", "udhr_sha256")},
+            "treebank": {k: treebank.get(k, "") for k in ("source", "extra_tests", *TREEBANK_SPLITS,
+                                                         *(f"{s}_sha256" for s in TREEBANK_SPLITS))},
+            "tagging": {"device": config["tagging"]["device"],
+                        "runs": [r for r in config["tagging"]["runs"] if r["mode"] == "spacy"]},
+            "student": {**{k: student[k] for k in ("device", "processes")},
+                        "corpus": {k: student["corpus"].get(k) for k in ("source", "streams")}},
+            "rehearsal": {"enabled": config["rehearsal"]["enabled"]}}
+
+
+# The device check: the fine-tuned runs whose model exists before any training (the student's exists only
+# after the distillation: recipes/preflight/device.py says why it is left out).
+DEVICE_RUNS = [r for r in RUNS.values() if r["mode"] == "finetuned" and r["model"] != STUDENT]
+
+
+def device_runs(wildcards):
+    """Each checked run's name, model, export directory, pooling and training settings, as JSON."""
+    return json.dumps([{"name": r["name"], "model": r["model"], "pooling": r["pooling"],
+                        "train_embeddings": r["train_embeddings"], **run_settings(r),
+                        "model_dir": str(Path(model_files(r["model"])[0]).parent)} for r in DEVICE_RUNS],
+                      sort_keys=True)
+
+
+def device_resources():
+    """What the training rules ask (the larger of tagging_train's and student_distill's memory and GPUs),
+    so that the check runs where the training will; its runtime is its own (resources.preflight_device)."""
+    own = resources_of("preflight_device")
+    training = [resources_of("tagging_train"), resources_per_process("student_distill", STUDENT_PROCESSES)]
+    gpus = max(r.get("gpu", 0) for r in training)
+    mem = max(own["mem_mb"], *(r["mem_mb"] for r in training))
+    return {**own, "mem_mb": mem, **({"gpu": gpus} if gpus else {})}
+
 
 
 # -- before any job runs ---------------------------------------------------------------------------

@@ -33,6 +33,7 @@ COMMANDS = {
     "report": "encoder_study.report.command",
     "benchmarks": "encoder_study.recipes.benchmarks.command",
     "rehearsal": "encoder_study.recipes.rehearsal.command",
+    "preflight": "encoder_study.recipes.preflight.command",
 }
 
 

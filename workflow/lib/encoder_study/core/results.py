@@ -97,6 +97,9 @@ RESULTS: dict[str, Result] = {
                                "Retrieval parity", ("max_abs", "allclose", "tolerance")),
     # rehearsal
     "rehearsal_resources": Result("results/rehearsal/resources.csv", "rehearsal/resources.rst", "resources"),
+    # preflight (outside `all`: checks before the cluster)
+    "preflight": Result("results/preflight/preflight.json", "preflight/preflight.rst", "sources and limits"),
+    "preflight_device": Result("results/preflight/device.json", "preflight/device.rst", "device"),
 }
 
 
