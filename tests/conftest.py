@@ -79,7 +79,8 @@ def exports(tiny_exports, minilm_export) -> dict[str, Path]:
 # the longest, starts first; the other worker meanwhile takes the rest.
 # In this order: test_slurm starts the cluster's run before the shared run is made, to run beside it;
 # test_reruns edits the run's code and puts it back; test_workflow edits the run last.
-SHARED_RUN = ("test_slurm.py", "test_rehearsal.py", "test_reruns.py", "test_workflow.py")
+SHARED_RUN = ("test_slurm.py", "test_rehearsal.py", "test_reruns.py", "test_report_browser.py",
+              "test_workflow.py")
 FIRST = ("small_workflow",)
 
 

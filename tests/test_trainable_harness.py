@@ -140,4 +140,9 @@ def test_a_loop_resumed_after_a_crash_ends_where_a_plain_loop_ends(tmp_path, cap
     saved = _saved(checkpoint)  # the finished state
     assert saved["step"] == 5 and torch.equal(saved["x"], plain)
     lines = capsys.readouterr().err.splitlines()
-    assert [line.split(",")[0] for line in lines] == ["toy: step 2/5", "toy: step 4/5"]
+    # The log says where each checkpoint went and where the retry resumed from.
+    assert [line.split(",")[0] for line in lines] == [
+        "toy: step 2/5", f"toy: toy checkpoint at step 2 saved to {checkpoint}",
+        f"toy: resumed from the toy checkpoint {checkpoint} at step 2",
+        "toy: step 4/5", f"toy: toy checkpoint at step 4 saved to {checkpoint}",
+        f"toy: toy checkpoint at step 5 saved to {checkpoint} (finished)"]

@@ -319,6 +319,20 @@ STUDENT_CFG = config["student"]
 CHAIN_PRIORITY = 2
 TRAIN_PRIORITY = 1
 
+# A training job's log across Snakemake's retries. Snakemake deletes a job's log before each attempt, so
+# the command's lines also go to a journal beside its checkpoint (params.journal, outside the outputs
+# Snakemake deletes), which each attempt copies into its log first, after a line marking where the
+# earlier attempt stopped. The journal goes once the command succeeds, as the checkpoint does.
+ATTEMPT_MARK = "--- the attempt above ended without finishing (killed or failed); the next attempt follows ---"
+
+
+def keeping_attempts(command):
+    """`command` as a rule's shell line whose {log} keeps the lines of earlier attempts (params.journal)."""
+    mark = shlex.quote(ATTEMPT_MARK)
+    return (f'mkdir -p "$(dirname {{params.journal:q}})"; if [ -s {{params.journal:q}} ]; then echo {mark}'
+            f" >> {{params.journal:q}}; cp {{params.journal:q}} {{log:q}}; fi; {command} 2>&1"
+            " | tee -a {params.journal:q} >> {log:q}; rm -f {params.journal:q}")
+
 
 def teacher_first(wildcards):
     """`priority:` of a model's acquisition and export: the student's teacher's go first."""

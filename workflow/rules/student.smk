@@ -45,6 +45,7 @@ rule student_distill:
         training=json.dumps(STUDENT_CFG["training"], sort_keys=True),
         # Outside results/student, whose outputs Snakemake deletes when a job fails: a retry resumes.
         checkpoint="results/checkpoints/student/distill.pt",
+        journal="results/checkpoints/student/distill.log",  # common.smk, keeping_attempts
         device=STUDENT_CFG["device"],
         precision=STUDENT_CFG["precision"],
         threads=student_threads,
@@ -61,12 +62,13 @@ rule student_distill:
     conda:
         CONDA_ENV
     shell:
-        "{params.launcher} student distill --teacher-dir {params.teacher_dir:q} --corpus {input.corpus:q}"
-        " {params.amounts}"
-        " --student {params.student:q} --training {params.training:q} --checkpoint {params.checkpoint:q}"
-        " --out {output.weights:q} --loss-log {output.log:q} --plot {output.plot:q}"
-        " --threads {params.threads} --device {params.device} --precision {params.precision}"
-        " --provenance {output.prov:q} >> {log:q} 2>&1"
+        keeping_attempts(
+            "{params.launcher} student distill --teacher-dir {params.teacher_dir:q} --corpus {input.corpus:q}"
+            " {params.amounts}"
+            " --student {params.student:q} --training {params.training:q} --checkpoint {params.checkpoint:q}"
+            " --out {output.weights:q} --loss-log {output.log:q} --plot {output.plot:q}"
+            " --threads {params.threads} --device {params.device} --precision {params.precision}"
+            " --provenance {output.prov:q}")
 
 
 rule student_export:

@@ -139,6 +139,7 @@ rule tagging_train:
         # rerun) resumes from it. The command removes it once the run is done, so a later rerun (new
         # code, new data) starts afresh.
         checkpoint=lambda wc: f"results/tagging/checkpoints/{wc.run}.pt",
+        journal=lambda wc: f"results/tagging/checkpoints/{wc.run}.log",  # common.smk, keeping_attempts
         seed=config["tagging"]["seed"],
         bootstrap=BOOTSTRAP,
         # `auto` (the default) resolves in the job, so the host's GPU is not a rerun trigger.
@@ -155,11 +156,12 @@ rule tagging_train:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study tagging train --run {wildcards.run:q} --model-dir {params.model_dir:q}"
-        " --train {input.train:q} --dev {input.dev:q} --test {input.test:q} {params.extra}"
-        " --out-dir {params.out_dir:q} --checkpoint {params.checkpoint:q}"
-        " {params.options} --seed {params.seed} {params.bootstrap} --threads {threads} --device {params.device}"
-        " --provenance {output.prov:q} >> {log:q} 2>&1"
+        keeping_attempts(
+            "encoder-study tagging train --run {wildcards.run:q} --model-dir {params.model_dir:q}"
+            " --train {input.train:q} --dev {input.dev:q} --test {input.test:q} {params.extra}"
+            " --out-dir {params.out_dir:q} --checkpoint {params.checkpoint:q}"
+            " {params.options} --seed {params.seed} {params.bootstrap} --threads {threads}"
+            " --device {params.device} --provenance {output.prov:q}")
 
 
 rule tagging_baseline:

@@ -13,9 +13,14 @@ from ..core.errors import UserError
 
 CI_TITLE = re.compile(r"^\d+% CI$")
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
+# A cell holding a long word (a SHA-256, a path: LONG_WORD) may break it, so that the table fits the
+# report's frame rather than have its last columns cut; no other word breaks, and numbers and intervals
+# stay on one line.
+LONG_WORD = re.compile(r"\S{24,}")
 STYLE = ("table{border-collapse:collapse;font:14px sans-serif}"
          "th,td{padding:3px 9px;border-bottom:1px solid #ddd}th{background:#f3f3f3}"
-         "td.r,th.r{text-align:right;font-variant-numeric:tabular-nums}")
+         "td.r,th.r{text-align:right;font-variant-numeric:tabular-nums}td.r{white-space:nowrap}"
+         "td.w{overflow-wrap:anywhere}")
 
 
 def _cells(line: str) -> list[str]:
@@ -71,7 +76,8 @@ def join_intervals(header, align, rows):
 def html_table(header, align, rows) -> str:
     def line(tag, cells):
         cells = zip(align, cells, strict=True)
-        return "<tr>" + "".join(f'<{tag} class="{a}">{html.escape(c)}</{tag}>' for a, c in cells) + "</tr>"
+        return "<tr>" + "".join(f'<{tag} class="{a}{" w" * bool(LONG_WORD.search(c))}">'
+                                f"{html.escape(c)}</{tag}>" for a, c in cells) + "</tr>"
 
     body = "\n".join(line("td", row) for row in rows)
     return f"<table>\n<thead>{line('th', header)}</thead>\n<tbody>\n{body}\n</tbody>\n</table>\n"

@@ -187,6 +187,14 @@ def progress_line(desc: str, step: int, total: int, values: str, elapsed: float,
             f"left {format_seconds(left)}")
 
 
+def note(text: str) -> None:
+    """One line on stderr for the job's log (above the progress bar on a terminal)."""
+    from tqdm import tqdm
+
+    tqdm.write(text, file=sys.stderr)
+    sys.stderr.flush()
+
+
 class Progress:
     """Progress on stderr: a tqdm bar on a terminal, else one plain line per report (a log reads those)."""
 
@@ -237,6 +245,7 @@ class Loop:
         self.step = 0
         self.chunks: list[dict] = []
         self.resumed_from: int | None = None  # the step this call started from, when it resumed
+        self.progress = False  # whether `train` reports progress (and each save) on stderr
 
     def resume(self) -> bool:
         """Take over the checkpoint's state if there is one; whether there was."""
@@ -248,7 +257,9 @@ class Loop:
 
     def train(self, chunk_steps: int, progress: bool, desc: str) -> None:
         """Step until finished, saving every `chunk_steps` steps (0: only at the end) and going on."""
-        self.desc = desc
+        self.desc, self.progress = desc, progress
+        if progress and self.resumed_from is not None and self.step == self.resumed_from:
+            note(f"{desc}: resumed from the {self.WHAT} {self.checkpoint} at step {self.step}")
         first, started = self.step, time.perf_counter()  # the open chunk record
         shown = Progress(desc, self.total_steps(), self.step, progress)
         try:
@@ -280,6 +291,9 @@ class Loop:
         files.write_torch(self.checkpoint, artefacts.seal({
             "format": self.FORMAT, **self.state(), "step": self.step,
             "chunks": self.chunks + ([running] if running else [])}))
+        if self.progress:  # the log says how far a retry after a crash will resume from
+            note(f"{self.desc}: {self.WHAT} at step {self.step} saved to {self.checkpoint}"
+                 + ("" if running or not self.finished() else " (finished)"))
 
     def load(self) -> None:
         """Take over the checkpoint's state, once its content matches its SHA-256 and its format."""
