@@ -255,8 +255,9 @@ def boot_argv(resamples: int = 100, seed: int = 0) -> list[str]:
 
 def train_argv(run_name: str, model_dir, out: Path, prov: Path, bank: dict, **chosen) -> list[str]:
     """`tagging train` arguments: every option given, as the rule gives them; `chosen` overrides."""
-    values = {"pooling": "mean", "optimizer": "adamw", "seed": 0, "lr": 1e-3, "weight-decay": 0.01,
-              "epochs": 0, "max-steps": 0, "patience": 0, "warmup": 0, "batch-words": 100, "eval-every": 0,
+    values = {"pooling": "mean", "task": "upos", "optimizer": "adamw", "seed": 0, "lr": 1e-3,
+              "weight-decay": 0.01, "epochs": 0, "max-steps": 0, "patience": 0, "warmup": 0,
+              "batch-words": 100, "eval-every": 0,
               "eval-batch-words": 2000, "clip": 1.0, "threads": 1, "device": "cpu", "precision": "fp32",
               "max-length": 512, "window-batch": 8, "max-batch-pieces": 8192, "chunk-steps": 0,
               **BOOTSTRAP_OPTIONS, **chosen}

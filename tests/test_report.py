@@ -323,7 +323,7 @@ def render(caption: Path, files, wildcards=None, config=None, part="body"):
     class Snakemake:
         def __init__(self):
             self.config = config or {}
-            self.wildcards = wildcards or {"model": "minilm", "run": "minilm-finetuned"}
+            self.wildcards = wildcards or {"model": "minilm", "run": "minilm-finetuned", "task": "xpos"}
 
     links = "".join(f"\n.. _{f.target}: javascript:void(0)" for f in files)
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)

@@ -44,8 +44,9 @@ def test_a_commands_bootstrap_is_the_configs(capsys):
     read; `predict` (run by hand) has defaults instead."""
     config = {"resamples": 1234, "seed": 7, "confidence": 0.9, "method": "bca"}
     rendered = settings.flags(Bootstrap, config, "bootstrap").split()
-    tables = tagging_command.parser().parse_args(["tables", "--run-dir", "r", "--scores-out", "s.csv",
-                                      "--caption", "", "--provenance", "p.md", *rendered])
+    tables = tagging_command.parser().parse_args([
+        "tables", "--task", "upos", "--run-dir", "r", "--scores-out", "s.csv", "--caption", "",
+        "--provenance", "p.md", *rendered])
     assert settings.from_args(Bootstrap, tables, "bootstrap") == Bootstrap(**config)
     agreement = writeback_command.parser().parse_args(["agreement", "--run", "r", "a", "b", "--test", "t",
                                          "--pred-dir", "d", "--out", "o.csv", "--threads", "1",

@@ -287,7 +287,7 @@ def test_the_frozen_command_records_why_it_stopped_and_the_device(tiny_exports, 
     paths = synthetic.write_synthetic(tmp_path / "treebank", seed=0, sizes=SIZES)
     out, prov = tmp_path / "probe", tmp_path / "prov" / "tagging_train-probe.md"
     argv = ["train", "--run", "probe", "--model-dir", str(tiny_exports["bert-tiny"]), "--mode", "frozen",
-            "--pooling", "mean",
+            "--pooling", "mean", "--task", "upos",
             *(x for split in ("train", "dev", "test") for x in (f"--{split}", str(paths[split]))),
             "--out-dir", str(out), "--checkpoint", str(tmp_path / "probe.pt"), "--chunk-steps", "0",
             "--optimizer", "lbfgs", "--seed", "0", "--lr", "1", "--weight-decay", "1e-5", "--epochs", "40",

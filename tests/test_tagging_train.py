@@ -318,7 +318,7 @@ def test_the_tagging_command_trains_scores_compares_and_writes_provenance(tiny_e
     assert not (prov / "tagging_train-finetuned-first.md").exists()
     assert run(*finetune) == 0  # the retry resumes from step 3
     assert not checkpoint.exists()
-    assert run("baseline", "--run", "baseline", "--out-dir", str(out / "baseline"), *splits,
+    assert run("baseline", "--run", "baseline", "--task", "upos", "--out-dir", str(out / "baseline"), *splits,
                *boot_argv(),
                "--provenance", str(prov / "tagging_baseline.md")) == 0
 
@@ -349,7 +349,7 @@ def test_the_tagging_command_trains_scores_compares_and_writes_provenance(tiny_e
 
     gathered = tmp_path / "gathered"
     run_dirs = [f"--run-dir={out / r}" for r in ("frozen-mean", "finetuned-first", "baseline")]
-    assert run("tables", *run_dirs,
+    assert run("tables", "--task", "upos", *run_dirs,
                "--gold", f"dev={bank['dev']}", "--gold", f"test={bank['test']}",
                "--compare", "finetuned-first:frozen-mean", "--compare", "frozen-mean:baseline",
                "--reference", "baseline", "--scores-out", str(gathered / "scores.csv"),
@@ -372,7 +372,7 @@ def test_the_tagging_command_trains_scores_compares_and_writes_provenance(tiny_e
     assert "Comparisons" in (prov / "tagging_tables.md").read_text()
     # A comparison naming an unknown run is refused with the known ones (a user error: exit status 2).
     with pytest.raises(runs_splits.RunError, match=r"no run 'nope' among \['baseline'\]"):
-        run("tables", f"--run-dir={out / 'baseline'}", "--compare", "baseline:nope",
+        run("tables", "--task", "upos", f"--run-dir={out / 'baseline'}", "--compare", "baseline:nope",
             "--scores-out", str(tmp_path / "x.csv"), "--comparisons-out", str(tmp_path / "y.csv"),
             *boot_argv(), "--caption", "", "--provenance",
             str(prov / "tagging_tables-bad.md"))
@@ -480,7 +480,7 @@ def test_extra_test_sets_are_scored_compared_and_leave_dev_and_test_bytes_alone(
     assert float(rows["ood"]["ci_low"]) <= float(rows["ood"]["upos"]) <= float(rows["ood"]["ci_high"])
     assert "ood" in json.loads((out / "extra" / "run.json").read_text())["splits"]
     splits = ["--train", str(bank["train"]), "--dev", str(bank["dev"]), "--test", str(bank["test"])]
-    assert run("baseline", "--run", "baseline", "--out-dir", str(out / "baseline"), *splits,
+    assert run("baseline", "--run", "baseline", "--task", "upos", "--out-dir", str(out / "baseline"), *splits,
                "--extra", f"ood={ood}", *boot_argv(),
                "--provenance", str(prov / "tagging_baseline.md")) == 0
     assert [r["split"] for r in read_csv(out / "baseline" / "scores.csv")] == ["dev", "ood", "test"]
@@ -488,7 +488,7 @@ def test_extra_test_sets_are_scored_compared_and_leave_dev_and_test_bytes_alone(
         command.parser().parse_args([*extra, "--extra", f"test={ood}"])
 
     gathered = tmp_path / "gathered"
-    assert run("tables", f"--run-dir={out / 'extra'}", f"--run-dir={out / 'baseline'}",
+    assert run("tables", "--task", "upos", f"--run-dir={out / 'extra'}", f"--run-dir={out / 'baseline'}",
                "--gold", f"dev={bank['dev']}", "--gold", f"test={bank['test']}", "--gold", f"ood={ood}",
                "--compare", "extra:baseline", "--scores-out", str(gathered / "scores.csv"),
                "--comparisons-out", str(gathered / "comparisons.csv"), "--caption", "",

@@ -426,6 +426,24 @@ _ALL_RUNS = _runs(config["tagging"]["runs"])
 RUNS = {name: run for name, run in _ALL_RUNS.items() if run["mode"] != "spacy"}
 SPACY_RUNS = {name: run for name, run in _ALL_RUNS.items() if run["mode"] == "spacy"}
 RUN_NAMES = sorted(RUNS)
+# The tasks the runs tag (data.tasks): upos runs join results/tagging/'s tables (with the baseline and
+# the spaCy runs), each other task's runs results/tagging/<task>/'s.
+TASK_RUNS = {}
+for _name, _run in sorted(_ALL_RUNS.items()):
+    TASK_RUNS.setdefault(_run["task"], []).append(_name)
+    if _run["mode"] == "spacy" and _run["task"] != "upos":
+        raise WorkflowError(f"config: tagging run '{_name}' is a spacy run of task {_run['task']}; spaCy runs tag "
+                            "upos only (leave out `task`)")
+OTHER_TASKS = sorted(set(TASK_RUNS) - {"upos"})
+for _name in set(_ALL_RUNS) & {"upos", "xpos"}:
+    raise WorkflowError(f"config: tagging run '{_name}' is named as a task; results/tagging/{_name}/ holds that "
+                        "task's tables: rename the run")
+
+
+def run_task(name):
+    return "upos" if name == "baseline" else _ALL_RUNS[name]["task"]
+
+
 for _a, _b in config["tagging"]["comparisons"]:
     for _name in (_a, _b):
         if _name != "baseline" and _name not in _ALL_RUNS:
@@ -433,6 +451,14 @@ for _a, _b in config["tagging"]["comparisons"]:
     if _a == _b:
         raise WorkflowError(f"config: tagging.comparisons compares '{_a}' with itself (a difference of 0 by "
                             "construction); name two different runs")
+    if run_task(_a) != run_task(_b):
+        raise WorkflowError(f"config: tagging.comparisons compares '{_a}' ({run_task(_a)}) with '{_b}' "
+                            f"({run_task(_b)}); compare runs of one task (the baseline is upos)")
+
+
+def task_comparisons(task):
+    """The config's comparisons between runs of `task`."""
+    return [(a, b) for a, b in config["tagging"]["comparisons"] if run_task(a) == task]
 
 
 def run_settings(run):
@@ -454,7 +480,7 @@ for _run in RUNS.values():
 
 def run_options(run):
     """A run's settings as `encoder-study tagging train` options: every one of them, explicitly."""
-    flags = [f"--mode {run['mode']}", f"--pooling {run['pooling']}"]
+    flags = [f"--mode {run['mode']}", f"--pooling {run['pooling']}", f"--task {run['task']}"]
     flags += [f"--{key.replace('_', '-')} {value}" for key, value in sorted(run_settings(run).items())]
     if run["train_embeddings"]:
         flags.append("--train-embeddings")

@@ -185,7 +185,7 @@ rule tagging_baseline:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study tagging baseline --run baseline --train {input.train:q} --dev {input.dev:q}"
+        "encoder-study tagging baseline --run baseline --task upos --train {input.train:q} --dev {input.dev:q}"
         " --test {input.test:q} {params.extra} --out-dir {params.out_dir:q} {params.bootstrap}"
         " --provenance {output.prov:q} > {log:q} 2>&1"
 
@@ -270,8 +270,8 @@ else:
 
 rule tagging_tables:
     input:
-        runs=expand(rules.tagging_train.output.scores, run=RUN_NAMES) + [rules.tagging_baseline.output.scores]
-        + SPACY_OUTPUTS["scores"],
+        runs=expand(rules.tagging_train.output.scores, run=[r for r in RUN_NAMES if RUNS[r]["task"] == "upos"])
+        + [rules.tagging_baseline.output.scores] + SPACY_OUTPUTS["scores"],
         dev=TREEBANK["dev"],
         test=TREEBANK["test"],
         extra=list(EXTRA.values()),
@@ -288,7 +288,7 @@ rule tagging_tables:
         prov=prov("tagging", "tagging_tables"),
     params:
         run_dirs=lambda wc, input: " ".join(f"--run-dir {shlex.quote(str(Path(f).parent))}" for f in input.runs),
-        compare=" ".join(f"--compare {a}:{b}" for a, b in config["tagging"]["comparisons"]),
+        compare=" ".join(f"--compare {a}:{b}" for a, b in task_comparisons("upos")),
         # Dashed lines beside the baseline's on the development plot: the spaCy runs' dev scores.
         references=" ".join(f"--reference {name}" for name in SPACY_NAMES),
         # Every gold split: the comparisons are made on dev, test and each extra test set.
@@ -300,10 +300,43 @@ rule tagging_tables:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study tagging tables {params.run_dirs} {params.gold}"
+        "encoder-study tagging tables --task upos {params.run_dirs} {params.gold}"
         " {params.compare} --reference baseline {params.references} --scores-out {output.scores:q}"
         " --comparisons-out {output.comparisons:q} --plot {output.plot:q} --scores-plot {output.scores_plot:q}"
         " --comparisons-plot {output.comparisons_plot:q} {params.bootstrap}"
+        " --caption {params.caption:q} --provenance {output.prov:q} > {log:q} 2>&1"
+
+
+# The scores and comparisons of another task's runs (an xpos run's: data.tasks), as tagging_tables joins
+# the upos runs': the same bootstrap, no baseline (the baseline is upos), no plots.
+rule tagging_task_tables:
+    input:
+        runs=lambda wc: expand(rules.tagging_train.output.scores, run=TASK_RUNS[wc.task]),
+        dev=TREEBANK["dev"],
+        test=TREEBANK["test"],
+        extra=list(EXTRA.values()),
+        code=lib_code("tagging", "tables"),
+    output:
+        scores=result("tagging_task_scores"),
+        scores_md="results/tagging/{task}/scores.md",
+        comparisons=result("tagging_task_comparisons"),
+        comparisons_md="results/tagging/{task}/comparisons.md",
+        prov=prov("tagging", "tagging_task_tables", "{task}"),
+    wildcard_constraints:
+        task="|".join(OTHER_TASKS),
+    params:
+        run_dirs=lambda wc, input: " ".join(f"--run-dir {shlex.quote(str(Path(f).parent))}" for f in input.runs),
+        compare=lambda wc: " ".join(f"--compare {a}:{b}" for a, b in task_comparisons(wc.task)),
+        gold=GOLD_OPTIONS,
+        caption=TREEBANK_CAPTION,
+        bootstrap=BOOTSTRAP,
+    log:
+        "logs/tagging/tagging_task_tables-{task}.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study tagging tables --task {wildcards.task} {params.run_dirs} {params.gold} {params.compare}"
+        " --scores-out {output.scores:q} --comparisons-out {output.comparisons:q} {params.bootstrap}"
         " --caption {params.caption:q} --provenance {output.prov:q} > {log:q} 2>&1"
 
 
@@ -375,14 +408,16 @@ rule tagging_step_time:
 register("tagging", TREEBANK_FRAGMENTS + [rules.tagging_baseline.output.prov]
          + (expand(rules.tagging_spacy_fetch.output.prov, run=SPACY_PACKAGES) if SPACY_PACKAGES else [])
          + SPACY_OUTPUTS["prov"] + expand(rules.tagging_train.output.prov, run=RUN_NAMES)
-         + [rules.tagging_tables.output.prov, rules.tagging_per_tag.output.prov,
-            rules.tagging_step_time.output.prov])
+         + [rules.tagging_tables.output.prov]
+         + expand(rules.tagging_task_tables.output.prov, task=OTHER_TASKS)
+         + [rules.tagging_per_tag.output.prov, rules.tagging_step_time.output.prov])
 
 
 rule tagging:
     input:
         rules.tagging_tables.output.scores,
         rules.tagging_tables.output.comparisons,
+        expand(rules.tagging_task_tables.output.comparisons, task=OTHER_TASKS),
         rules.tagging_per_tag.output.table,
         rules.tagging_step_time.output.table,
         expand(rules.tagging_train.output.dev, run=RUN_NAMES),

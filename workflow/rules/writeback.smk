@@ -7,7 +7,8 @@
 # encoder_study.onnx.names and encoder_study.recipes.tagging.pipeline).
 
 WRITEBACK = config["writeback"]
-FINETUNED_RUNS = [r for r in RUN_NAMES if RUNS[r]["mode"] == "finetuned"]
+# The upos runs: the write-back tables (agreement, speed) are UPOS's; another task's run is not written.
+FINETUNED_RUNS = [r for r in RUN_NAMES if RUNS[r]["mode"] == "finetuned" and RUNS[r]["task"] == "upos"]
 WRITEBACK_RUNS = FINETUNED_RUNS if WRITEBACK["runs"] is None else sorted(set(WRITEBACK["runs"]))
 for _name in WRITEBACK_RUNS:
     if _name not in FINETUNED_RUNS:

@@ -75,6 +75,11 @@ RESULTS: dict[str, Result] = {
     "tagging_scores": Result("results/tagging/scores.csv", "tagging/scores.rst", "all runs", "UPOS scores"),
     "tagging_comparisons": Result("results/tagging/comparisons.csv", "tagging/comparisons.rst", "all runs",
                                   "Paired differences"),
+    # Another task's runs (an xpos run's), results/tagging/<task>/: the scores and the comparisons.
+    "tagging_task_scores": Result("results/tagging/{task}/scores.csv", "tagging/task_scores.rst",
+                                  "{task} runs"),
+    "tagging_task_comparisons": Result("results/tagging/{task}/comparisons.csv",
+                                       "tagging/task_comparisons.rst", "{task} runs"),
     "tagging_dev_upos": Result("results/tagging/dev_upos.png", "tagging/dev_upos.rst", "all runs"),
     "tagging_scores_plot": Result("results/tagging/scores.png", "tagging/scores_plot.rst", "all runs"),
     "tagging_comparisons_plot": Result("results/tagging/comparisons.png", "tagging/comparisons_plot.rst",

@@ -39,6 +39,7 @@ UPOS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART
 COLUMNS = ("ID", "FORM", "LEMMA", "UPOS", "XPOS", "FEATS", "HEAD", "DEPREL", "DEPS", "MISC")
 
 _UPOS_COLUMN = COLUMNS.index("UPOS")
+_XPOS_COLUMN = COLUMNS.index("XPOS")
 
 
 class TreebankError(UserError, ValueError):
@@ -63,6 +64,7 @@ class Word:
     start: int
     end: int
     line: int  # 1-based line of its row in the file
+    xpos: str = "_"  # the language-specific tag ('_': none given)
 
 
 @dataclass(frozen=True)
@@ -89,27 +91,40 @@ class Sentence:
     def upos(self) -> tuple[str, ...]:
         return tuple(w.upos for w in self.words)
 
+    def tags(self, task: str = "upos") -> tuple[str, ...]:
+        """The words' tags in the column `task` reads (data.tasks): `upos` or `xpos`."""
+        if task == "upos":
+            return self.upos
+        if task == "xpos":
+            return tuple(w.xpos for w in self.words)
+        raise TreebankError(f"unknown tagging task {task!r}; the tasks are upos and xpos")
+
     def doc(self) -> Doc:
         """The text and word ranges an encoder turns into one vector per word."""
         return Doc(self.text, tuple((w.start, w.end) for w in self.words))
 
-    def render(self, upos: Sequence[str] | None = None) -> str:
-        """The sentence's lines, with the UPOS column of its word rows replaced by `upos` if given."""
+    def render(self, upos: Sequence[str] | None = None, task: str = "upos") -> str:
+        """The sentence's lines, with the column of `task` (UPOS, or XPOS for `xpos`) of its word rows
+        replaced by the predicted tags `upos` if given."""
         if upos is None:
             return "".join(self.lines)
         upos = list(upos)
         if len(upos) != len(self.words):
             raise TreebankError(f"sentence {self.sent_id!r}: {len(upos)} predicted tags for "
-                                f"{len(self.words)} words; predict one UPOS per word (integer-ID row)")
+                                f"{len(self.words)} words; predict one tag per word (integer-ID row)")
+        column = _UPOS_COLUMN if task == "upos" else _XPOS_COLUMN
         lines = list(self.lines)
         for word, tag in zip(self.words, upos, strict=True):
-            if tag not in UPOS:
+            if task == "upos" and tag not in UPOS:
                 raise TreebankError(f"sentence {self.sent_id!r}, word {word.id} {word.form!r}: predicted "
                                     f"tag {tag!r} is not a UD UPOS tag ({' '.join(UPOS)})")
+            if task != "upos" and (not tag or any(c.isspace() for c in tag)):
+                raise TreebankError(f"sentence {self.sent_id!r}, word {word.id} {word.form!r}: predicted "
+                                    f"tag {tag!r} is empty or holds white space; a CoNLL-U column cannot")
             i = word.line - self.first_line
             body, ending = _split_ending(lines[i])
             columns = body.split("\t")
-            columns[_UPOS_COLUMN] = tag
+            columns[column] = tag
             lines[i] = "\t".join(columns) + ending
         return "".join(lines)
 
@@ -240,7 +255,7 @@ def _parse_sentence(name: str, contents: list[str], start: int, stop: int, lines
     return Sentence(
         sent_id=sent_id,
         text=text,
-        words=tuple(Word(i, f, u, *ranges[i], line) for i, f, u, line in words),
+        words=tuple(Word(i, f, u, *ranges[i], line, x) for i, f, u, line, x in words),
         lines=lines,
         first_line=first_line,
         multiword=multiword,
@@ -279,11 +294,11 @@ def _read_rows(name: str, contents: list[str], start: int, stop: int,
     return metadata, rows
 
 
-def _words(name: str, rows: list[_Row], sent_id: str) -> tuple[list[tuple[int, str, str, int]],
+def _words(name: str, rows: list[_Row], sent_id: str) -> tuple[list[tuple[int, str, str, int, str]],
                                                                 list[tuple[str, int, int, int]], int, int]:
-    """The words in order (id, form, upos, line), the surface tokens to place in the text (form, first
+    """The words in order (id, form, upos, line, xpos), the surface tokens to place in the text (form, first
     word, last word, line), and the counts of multiword tokens and empty nodes."""
-    words: list[tuple[int, str, str, int]] = []
+    words: list[tuple[int, str, str, int, str]] = []
     surface: list[tuple[str, int, int, int]] = []
     multiword = empty = 0
     covered_to = 0  # the last word id inside the current multiword token
@@ -315,7 +330,7 @@ def _words(name: str, rows: list[_Row], sent_id: str) -> tuple[list[tuple[int, s
         if upos not in UPOS:
             raise _fail(name, row.line, f"unknown UPOS {upos!r} for word {row.id} {form!r}; the 4th column "
                                         f"takes one of the 17 UD tags: {' '.join(UPOS)}")
-        words.append((row.id, form, upos, row.line))
+        words.append((row.id, form, upos, row.line, row.columns[_XPOS_COLUMN]))
         if row.id > covered_to:
             surface.append((form, row.id, row.id, row.line))
     if covered_to > len(words):
@@ -369,21 +384,24 @@ def _place(name: str, sent_id: str, text: str, text_line: int, words: list[tuple
     return ranges
 
 
-def render(sentences: Sequence[Sentence], predicted_upos: Sequence[Sequence[str]] | None = None) -> str:
-    """The file the sentences were read from, with the UPOS column replaced by the predictions if given."""
+def render(sentences: Sequence[Sentence], predicted_upos: Sequence[Sequence[str]] | None = None,
+           task: str = "upos") -> str:
+    """The file the sentences were read from, with the column of `task` (UPOS, or XPOS) replaced by the
+    predictions if given."""
     if predicted_upos is None:
         return "".join(s.render() for s in sentences)
     predicted_upos = list(predicted_upos)
     if len(predicted_upos) != len(sentences):
         raise TreebankError(f"{len(predicted_upos)} predicted sentences for {len(sentences)} sentences; "
                             "predict every sentence, in the file's order")
-    return "".join(s.render(tags) for s, tags in zip(sentences, predicted_upos, strict=True))
+    return "".join(s.render(tags, task) for s, tags in zip(sentences, predicted_upos, strict=True))
 
 
 def write_predictions(sentences: Sequence[Sentence], predicted_upos: Sequence[Sequence[str]],
-                      path: str | os.PathLike) -> None:
-    """Write the gold file with only the UPOS of its word rows replaced by the predictions (atomically)."""
-    data = render(sentences, predicted_upos).encode("utf-8")
+                      path: str | os.PathLike, task: str = "upos") -> None:
+    """Write the gold file with only the task's column (UPOS, or XPOS) of its word rows replaced by the
+    predictions (atomically)."""
+    data = render(sentences, predicted_upos, task).encode("utf-8")
     with files.atomic_path(path) as tmp:
         tmp.write_bytes(data)
 

@@ -7,7 +7,11 @@ determiner and a VERB after a pronoun or `can`), so a most-frequent-tag baseline
 100% while a tagger that reads the context can do much better. The files use every UD feature the
 reader handles (multiword tokens, `SpaceAfter=No`, sentence ids, `# text`, Unicode names) and are
 read back through the same code as EWT. The dependency columns hold a flat tree (every word attached
-to one root), valid for the evaluation script but not a real analysis: only UPOS is meant to be learned.
+to one root), valid for the evaluation script but not a real analysis: only UPOS and XPOS are meant to
+be learned. XPOS holds Penn Treebank tags, as EWT's does (`_xpos`): a word class's (NN, NNS, VBZ, VBD,
+...), a literal's own, and a verb's base form VB after a modal, `to` or a negation or at the start of
+a sentence, else VBP; it is derived from what was drawn, so the UPOS draws are those of a treebank
+without it.
 """
 
 
@@ -172,41 +176,75 @@ def _lemma(form: str, upos: str) -> str:
     return low
 
 
-def _parse_slot(slot: str, classes: dict[str, tuple[str, str]] = CLASSES) -> tuple[str, tuple[str, ...]]:
-    """(UPOS, candidate words) of a template slot over the word classes `classes`."""
+def _parse_slot(slot: str, classes: dict[str, tuple[str, str]] = CLASSES
+                ) -> tuple[str, tuple[str, ...], str | None]:
+    """(UPOS, candidate words, class name or None) of a template slot over the word classes `classes`."""
     if slot in classes:
         upos, words = classes[slot]
-        return upos, tuple(words.split())
+        return upos, tuple(words.split()), slot
     if slot in FIXED:
-        return FIXED[slot], (slot,)
+        return FIXED[slot], (slot,), None
     form, sep, upos = slot.rpartition("/")
     if not sep or upos not in UPOS:
         raise ValueError(f"template slot {slot!r} is not a class, a punctuation mark or form/UPOS")
-    return upos, (form,)
+    return upos, (form,), None
+
+
+# Penn Treebank tags (XPOS), as UD English-EWT gives them: by word class, else by (form, UPOS), the
+# literals written form/UPOS/XPOS.
+# "VB?" is a verb's base form: VB or VBP by context (`_xpos`).
+CLASS_XPOS = {"det": "DT", "dets": "DT", "subj": "PRP", "subj3": "PRP", "obj": "PRP", "noun": "NN",
+              "nouns": "NNS", "adj": "JJ", "adv": "RB", "degree": "RB", "verb": "VB?", "verbi": "VB?",
+              "verb3": "VBZ", "verbi3": "VBZ", "past": "VBD", "participle": "VBN", "propn": "NNP",
+              "digits": "CD", "number": "CD", "year": "CD", "intj": "UH", "cconj": "CC", "sconj": "IN",
+              "adp": "IN"}
+WORD_XPOS = {(form, upos): xpos for form, upos, xpos in (entry.split("/") for entry in """
+    ./PUNCT/. !/PUNCT/. ?/PUNCT/. ,/PUNCT/, (/PUNCT/-LRB- )/PUNCT/-RRB- $/SYM/$ %/SYM/NN might/AUX/MD
+    can/AUX/MD will/AUX/MD must/AUX/MD should/AUX/MD ca/AUX/MD wo/AUX/MD is/AUX/VBZ 's/AUX/VBZ
+    has/AUX/VBZ was/AUX/VBD are/AUX/VBP were/AUX/VBD be/AUX/VB do/AUX/VBP does/AUX/VBZ did/AUX/VBD
+    n't/PART/RB not/PART/RB to/PART/TO 's/PART/POS to/ADP/IN like/ADP/IN like/VERB/VB? likes/VERB/VBZ
+    said/VERB/VBD went/VERB/VBD paid/VERB/VBD opened/VERB/VBD want/VERB/VB? has/VERB/VBZ flies/VERB/VBZ
+    flies/NOUN/NNS can/NOUN/NN time/NOUN/NN fruit/NOUN/NN that/SCONJ/IN that/DET/DT that/PRON/DT
+    the/DET/DT there/PRON/EX there/ADV/RB well/INTJ/UH well/ADV/RB why/ADV/WRB then/ADV/RB
+    please/INTJ/UH etc/X/FW for/ADP/IN of/ADP/IN in/ADP/IN before/ADP/IN before/SCONJ/IN
+""".split())}
+
+
+def _xpos(form: str, upos: str, kind: str | None, before: list[tuple[str, str]]) -> str:
+    """The Penn Treebank tag of a word drawn from class `kind` (None: a literal or a contraction's
+    part), after the words `before` it in the sentence ((form, UPOS) pairs)."""
+    tag = CLASS_XPOS.get(kind) if kind is not None else WORD_XPOS.get((form.lower(), upos))
+    if tag is None:
+        raise ValueError(f"no XPOS for {form!r} ({upos}, class {kind}); add it to synthetic.WORD_XPOS")
+    if tag == "VB?":  # a base form: infinitive after a modal, do-support, `to` or a negation, or imperative
+        governed = not before or any(u == "AUX" or (f.lower() == "to" and u == "PART") for f, u in before)
+        tag = "VB" if governed else "VBP"
+    return tag
 
 
 _SLOTS = tuple(tuple(_parse_slot(s) for s in t.split()) for t in TEMPLATES)
 
 
-def _draw(rng: np.random.Generator, slots=_SLOTS) -> list[tuple[str, str]]:
-    """One sentence of a template of `slots` as surface tokens (form, UPOS); a multiword token has UPOS ''."""
+def _draw(rng: np.random.Generator, slots=_SLOTS) -> list[tuple[str, str, str | None]]:
+    """One sentence of a template of `slots` as surface tokens (form, UPOS, class); a multiword token has
+    UPOS ''."""
     template = slots[int(rng.integers(len(slots)))]
     tokens = []
-    for upos, words in template:
+    for upos, words, kind in template:
         form = words[int(rng.integers(len(words)))] if len(words) > 1 else words[0]
-        tokens.append((form, upos))
+        tokens.append((form, upos, kind))
     for i in range(len(tokens) - 1):  # a -> an before a vowel
         if tokens[i][0] == "a" and tokens[i + 1][0][0] in "aeiou":
-            tokens[i] = ("an", tokens[i][1])
-    form, upos = tokens[0]
-    tokens[0] = (form[0].upper() + form[1:], upos)
+            tokens[i] = ("an", *tokens[i][1:])
+    form, upos, kind = tokens[0]
+    tokens[0] = (form[0].upper() + form[1:], upos, kind)
     return tokens
 
 
-def _sentence_conllu(sent_id: str, tokens: list[tuple[str, str]]) -> str:
+def _sentence_conllu(sent_id: str, tokens: list[tuple[str, str, str | None]]) -> str:
     """A sentence in CoNLL-U: sent_id, text, rows with a flat tree and SpaceAfter=No where due."""
     text, rows, words = [], [], []  # words: (form, upos) of the syntactic words
-    for k, (form, upos) in enumerate(tokens):
+    for k, (form, upos, kind) in enumerate(tokens):
         last = k == len(tokens) - 1
         glued = not last and (form in NO_SPACE_AFTER or tokens[k + 1][0] in NO_SPACE_BEFORE)
         misc = "SpaceAfter=No" if glued else "_"
@@ -215,17 +253,17 @@ def _sentence_conllu(sent_id: str, tokens: list[tuple[str, str]]) -> str:
             parts = list(CONTRACTIONS[form.lower()])
             parts[0] = (form[: len(parts[0][0])], parts[0][1])  # keep a capital of the surface form
             first = len(words) + 1
-            rows.append((f"{first}-{first + len(parts) - 1}", form, None, misc))
+            rows.append((f"{first}-{first + len(parts) - 1}", form, None, None, misc))
             for part in parts:
-                rows.append((len(words) + 1, *part, "_"))
+                rows.append((len(words) + 1, *part, _xpos(*part, None, words), "_"))
                 words.append(part)
         else:
-            rows.append((len(words) + 1, form, upos, misc))
+            rows.append((len(words) + 1, form, upos, _xpos(form, upos, kind, words), misc))
             words.append((form, upos))
     tags = [u for _, u in words]
     root = next((tags.index(t) for t in ("VERB", "ADJ", "NOUN") if t in tags), 0) + 1
     lines = [f"# sent_id = {sent_id}", f"# text = {''.join(text)}"]
-    for row_id, form, upos, misc in rows:
+    for row_id, form, upos, xpos, misc in rows:
         if upos is None:
             lines.append("\t".join([row_id, form] + ["_"] * 7 + [misc]))
             continue
@@ -237,7 +275,7 @@ def _sentence_conllu(sent_id: str, tokens: list[tuple[str, str]]) -> str:
                 deprel = "nsubj"
             if upos == "AUX" and tags[root - 1] != "VERB":
                 deprel = "cop"
-        lines.append("\t".join([str(row_id), form, _lemma(form, upos), upos, "_", "_", str(head), deprel,
+        lines.append("\t".join([str(row_id), form, _lemma(form, upos), upos, xpos, "_", str(head), deprel,
                                 "_", misc]))
     return "\n".join(lines) + "\n\n"
 

@@ -126,7 +126,7 @@ def train(args) -> int:
     def stage():
         done = runs.train_run(args.run_name, model_dir, args.pooling, paths, args.out_dir, train_settings,
                               options, checkpoint=args.checkpoint, chunk_steps=args.chunk_steps,
-                              bootstrap=_bootstrap(args), progress=True)
+                              bootstrap=_bootstrap(args), progress=True, task=args.task)
         _report_device(device, train_settings.precision)
         return runs.recorded(args.run_name, done, inputs, device)
 
@@ -147,7 +147,7 @@ def baseline(args) -> int:
 
     paths = {**{split: getattr(args, split) for split in SPLITS}, **extras(args.extra)}
     return _run(args, lambda: baseline_tagger.baseline_run(args.run_name, paths, args.out_dir,
-                                                           _bootstrap(args)))
+                                                           _bootstrap(args), args.task))
 
 
 def spacy_fetch(args) -> int:
@@ -200,7 +200,7 @@ def tables(args) -> int:
     return _run(args, lambda: gather.gather(args.run_dir, dict(args.gold), args.compare, args.scores_out,
                                             args.comparisons_out, args.plot, args.reference, _bootstrap(args),
                                             args.caption, scores_plot=args.scores_plot,
-                                            comparisons_plot=args.comparisons_plot).done)
+                                            comparisons_plot=args.comparisons_plot, task=args.task).done)
 
 
 def per_tag(args) -> int:

@@ -40,6 +40,7 @@ import numpy as np
 from ...core import files, tables
 from ...core.errors import UserError
 from ...data.conllu import UPOS
+from ...data.tasks import TASKS
 from .settings import METHODS, Bootstrap
 
 BATCH = 500  # resamples per vectorized call: 500 x 2,000 sentences x 8 bytes = 8 MB per array
@@ -248,19 +249,27 @@ def most_frequent_tag_baseline(train_sentences: Iterable[tuple[Sequence[str], Ta
 
 # --- tables ----------------------------------------------------------------------------------------
 
-def score_row(run: str, encoder: str, mode: str, pooling: str, split: str, accuracy: Accuracy) -> dict:
-    """One row of scores.csv (use e.g. encoder "none", pooling "none" for the baseline)."""
+def columns(names: list[str], task: str) -> list[str]:
+    """A table's columns for `task` (data.tasks): its accuracy columns are named for it (`upos`,
+    `upos_a`, ... become `xpos`, `xpos_a`, ... for the xpos task)."""
+    return [task + name[4:] if name.startswith("upos") else name for name in names]
+
+
+def score_row(run: str, encoder: str, mode: str, pooling: str, split: str, accuracy: Accuracy,
+              task: str = "upos") -> dict:
+    """One row of scores.csv (use e.g. encoder "none", pooling "none" for the baseline); the accuracy
+    under the task's name."""
     return {"run": run, "encoder": encoder, "mode": mode, "pooling": pooling, "split": split,
-            "upos": accuracy.upos, "ci_low": accuracy.ci_low, "ci_high": accuracy.ci_high,
+            task: accuracy.upos, "ci_low": accuracy.ci_low, "ci_high": accuracy.ci_high,
             "tokens": accuracy.tokens, "sentences": accuracy.sentences, "resamples": accuracy.resamples,
             "seed": accuracy.seed, "method": accuracy.method, "confidence": accuracy.confidence}
 
 
-def comparison_row(a: str, b: str, split: str, difference: Difference) -> dict:
+def comparison_row(a: str, b: str, split: str, difference: Difference, task: str = "upos") -> dict:
     """One row of comparisons.csv: run `a` against run `b` on `split`."""
     d = difference
     return {"a": a, "b": b, "diff": d.diff, "ci_low": d.ci_low, "ci_high": d.ci_high, "split": split,
-            "upos_a": d.upos_a, "upos_b": d.upos_b, "tokens": d.tokens, "sentences": d.sentences,
+            f"{task}_a": d.upos_a, f"{task}_b": d.upos_b, "tokens": d.tokens, "sentences": d.sentences,
             "resamples": d.resamples, "seed": d.seed, "method": d.method, "confidence": d.confidence}
 
 
@@ -283,14 +292,17 @@ def _ordered(rows: Iterable[Mapping], columns: list[str], keys: list[str]) -> li
     return out
 
 
-def scores_csv(rows: Iterable[Mapping]) -> str:
-    """scores.csv text: SCORE_COLUMNS, one row per (run, encoder, mode, pooling, split), sorted."""
-    return tables.csv_text(_ordered(rows, SCORE_COLUMNS, SCORE_KEYS), SCORE_COLUMNS)
+def scores_csv(rows: Iterable[Mapping], task: str = "upos") -> str:
+    """scores.csv text: SCORE_COLUMNS (for the task), one row per (run, encoder, mode, pooling, split),
+    sorted."""
+    names = columns(SCORE_COLUMNS, task)
+    return tables.csv_text(_ordered(rows, names, SCORE_KEYS), names)
 
 
-def comparisons_csv(rows: Iterable[Mapping]) -> str:
-    """comparisons.csv text: COMPARISON_COLUMNS, one row per (split, a, b), sorted."""
-    return tables.csv_text(_ordered(rows, COMPARISON_COLUMNS, COMPARISON_KEYS), COMPARISON_COLUMNS)
+def comparisons_csv(rows: Iterable[Mapping], task: str = "upos") -> str:
+    """comparisons.csv text: COMPARISON_COLUMNS (for the task), one row per (split, a, b), sorted."""
+    names = columns(COMPARISON_COLUMNS, task)
+    return tables.csv_text(_ordered(rows, names, COMPARISON_KEYS), names)
 
 
 def _ci_header(rows: list[dict[str, str]]) -> str:
@@ -298,22 +310,24 @@ def _ci_header(rows: list[dict[str, str]]) -> str:
     return f"{100 * levels.pop():g}% CI" if len(levels) == 1 else "CI"
 
 
-def scores_markdown(rows: Iterable[Mapping]) -> str:
+def scores_markdown(rows: Iterable[Mapping], task: str = "upos") -> str:
     """The scores table in Markdown, two decimals; accepts rows as built or as read back from the CSV."""
-    rows = _ordered(rows, SCORE_COLUMNS, SCORE_KEYS)
+    rows = _ordered(rows, columns(SCORE_COLUMNS, task), SCORE_KEYS)
     return tables.markdown_table(
-        ["run", "encoder", "mode", "pooling", "split", "UPOS", _ci_header(rows), "tokens", "sentences"],
-        [(r["run"], r["encoder"], r["mode"], r["pooling"], r["split"], f"{float(r['upos']):.2f}",
+        ["run", "encoder", "mode", "pooling", "split", TASKS[task].label, _ci_header(rows), "tokens",
+         "sentences"],
+        [(r["run"], r["encoder"], r["mode"], r["pooling"], r["split"], f"{float(r[task]):.2f}",
           f"[{float(r['ci_low']):.2f}, {float(r['ci_high']):.2f}]", f"{int(r['tokens']):,}",
           f"{int(r['sentences']):,}") for r in rows], "lllllrrrr")
 
 
-def comparisons_markdown(rows: Iterable[Mapping]) -> str:
+def comparisons_markdown(rows: Iterable[Mapping], task: str = "upos") -> str:
     """The comparisons table in Markdown: a - b in points with its paired interval."""
-    rows = _ordered(rows, COMPARISON_COLUMNS, COMPARISON_KEYS)
+    rows = _ordered(rows, columns(COMPARISON_COLUMNS, task), COMPARISON_KEYS)
+    label = TASKS[task].label
     return tables.markdown_table(
-        ["a", "b", "split", "UPOS a", "UPOS b", "a - b", _ci_header(rows), "sentences"],
-        [(r["a"], r["b"], r["split"], f"{float(r['upos_a']):.2f}", f"{float(r['upos_b']):.2f}",
+        ["a", "b", "split", f"{label} a", f"{label} b", "a - b", _ci_header(rows), "sentences"],
+        [(r["a"], r["b"], r["split"], f"{float(r[task + '_a']):.2f}", f"{float(r[task + '_b']):.2f}",
           f"{float(r['diff']):+.2f}", f"[{float(r['ci_low']):+.2f}, {float(r['ci_high']):+.2f}]",
           f"{int(r['sentences']):,}") for r in rows], "lllrrrrr")
 
@@ -330,15 +344,18 @@ def _write_table(target: str | os.PathLike, rows: Iterable[Mapping], to_csv, to_
     return target, markdown
 
 
-def write_scores(target: str | os.PathLike, rows: Iterable[Mapping], caption: str = "") -> tuple[Path, Path]:
+def write_scores(target: str | os.PathLike, rows: Iterable[Mapping], caption: str = "", task: str = "upos"
+                 ) -> tuple[Path, Path]:
     """scores.csv and scores.md."""
-    return _write_table(target, rows, scores_csv, scores_markdown, caption)
+    return _write_table(target, rows, lambda r: scores_csv(r, task), lambda r: scores_markdown(r, task),
+                        caption)
 
 
-def write_comparisons(target: str | os.PathLike, rows: Iterable[Mapping], caption: str = ""
-                      ) -> tuple[Path, Path]:
+def write_comparisons(target: str | os.PathLike, rows: Iterable[Mapping], caption: str = "",
+                      task: str = "upos") -> tuple[Path, Path]:
     """comparisons.csv and comparisons.md."""
-    return _write_table(target, rows, comparisons_csv, comparisons_markdown, caption)
+    return _write_table(target, rows, lambda r: comparisons_csv(r, task),
+                        lambda r: comparisons_markdown(r, task), caption)
 
 
 # --- per-tag accuracy ------------------------------------------------------------------------------
@@ -349,9 +366,13 @@ PER_TAG_MARKDOWN = (("run", "run", ""), ("mode", "mode", ""), ("split", "split",
                     ("accuracy", "accuracy (%)", ".2f"))
 
 
-def tag_order(counts: Mapping[str, int]) -> list[str]:
-    """The tags of `counts` (tag -> gold words), most frequent first, ties in the UD UPOS list's order."""
-    rank = {tag: i for i, tag in enumerate(UPOS)}
+def tag_order(counts: Mapping[str, int], task: str = "upos") -> list[str]:
+    """The tags of `counts` (tag -> gold words), most frequent first, ties in the task's tag order (UD's
+    UPOS list; an open set such as XPOS: by name)."""
+    known = TASKS[task].tags
+    if known is None:
+        return sorted(counts, key=lambda tag: (-counts[tag], tag))
+    rank = {tag: i for i, tag in enumerate(known)}
     unknown = sorted(set(counts) - set(rank))
     if unknown:
         raise EvaluationError(f"tags {unknown} are not UD UPOS tags ({' '.join(UPOS)})")

@@ -17,13 +17,16 @@ from ... import provenance
 from ...core import files, tables
 from ...data import conllu
 from ...data.conllu import Sentence
+from ...data.tasks import DEFAULT as DEFAULT_TASK
 from . import evaluate, figures
 from .settings import Bootstrap
 from .splits import HISTORY, RUN_JSON, SCORES, RunError, pred_path, read_history
 
 
-def predicted_tags(gold: Sequence[Sentence], path: str | os.PathLike) -> list[tuple[str, ...]]:
-    """The UPOS of a predictions file, checked to be the gold file's sentences and words."""
+def predicted_tags(gold: Sequence[Sentence], path: str | os.PathLike, task: str = DEFAULT_TASK
+                   ) -> list[tuple[str, ...]]:
+    """The tags of a predictions file (the task's column), checked to be the gold file's sentences and
+    words."""
     predicted = conllu.read_conllu(path)
     if [s.sent_id for s in predicted] != [s.sent_id for s in gold]:
         raise RunError(f"{path}: not the predictions of the gold file given for its split (other "
@@ -31,7 +34,7 @@ def predicted_tags(gold: Sequence[Sentence], path: str | os.PathLike) -> list[tu
     for p, g in zip(predicted, gold, strict=True):
         if [w.form for w in p.words] != [w.form for w in g.words]:
             raise RunError(f"{path}: sentence {p.sent_id!r} has other words than the gold file's")
-    return [s.upos for s in predicted]
+    return [s.tags(task) for s in predicted]
 
 
 @dataclasses.dataclass
@@ -40,15 +43,16 @@ class Gathered:
     comparisons: list[dict]
     inputs: list[Path]
     outputs: list[Path]
+    task: str = DEFAULT_TASK
 
     @property
     def done(self) -> provenance.Done:
         """For the fragment: the files, the scores and the comparisons."""
         done = provenance.Done(inputs=list(self.inputs), outputs=list(self.outputs))
-        done.table("Scores", evaluate.scores_markdown(self.scores))
+        done.table("Scores", evaluate.scores_markdown(self.scores, self.task))
         if self.comparisons:
             done.table("Comparisons (a - b, paired bootstrap over sentences)",
-                       evaluate.comparisons_markdown(self.comparisons))
+                       evaluate.comparisons_markdown(self.comparisons, self.task))
         return done
 
 
@@ -57,7 +61,7 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
            comparisons_out: str | os.PathLike | None, plot: str | os.PathLike | None,
            references: Sequence[str], bootstrap: Bootstrap, caption: str = "",
            scores_plot: str | os.PathLike | None = None,
-           comparisons_plot: str | os.PathLike | None = None) -> Gathered:
+           comparisons_plot: str | os.PathLike | None = None, task: str = DEFAULT_TASK) -> Gathered:
     """Join the runs' scores, compare runs pairwise on every split of `gold`, plot the dev curves.
 
     `caption` follows both Markdown tables: what treebank the numbers are on. `scores_plot` and
@@ -65,14 +69,16 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
     `figures.plot_comparisons`).
     `compare` holds (a, b) run names: each gives a row a - b per split with a paired bootstrap interval
     (same resampled sentences for both). `references` are runs whose development score the plot draws
-    as a dashed line (the baseline, say). Runs are named by their run.json.
+    as a dashed line (the baseline, say). Runs are named by their run.json. Every run is of `task`
+    (data.tasks); its tables name their accuracy columns for it. With `comparisons_out` and no pair to
+    compare, the comparisons table is written with its header only.
     """
-    runs, scores, inputs = _read_runs(run_dirs)
+    runs, scores, inputs = _read_runs(run_dirs, task)
     for a, b in compare:
         for name in (a, b):
             if name not in runs:
                 raise RunError(f"comparison {a} - {b}: no run {name!r} among {sorted(runs)}")
-    outputs = list(evaluate.write_scores(scores_out, scores, caption))
+    outputs = list(evaluate.write_scores(scores_out, scores, caption, task))
     if scores_plot is not None:
         figures.plot_scores(scores, scores_plot)
         outputs.append(Path(scores_plot))
@@ -81,23 +87,27 @@ def gather(run_dirs: Sequence[str | os.PathLike], gold: dict[str, str | os.PathL
     if compare:
         if comparisons_out is None:
             raise RunError("comparisons asked for without a comparisons file to write")
-        comparisons = _compare(runs, gold, compare, bootstrap, inputs)
-        outputs += list(evaluate.write_comparisons(comparisons_out, comparisons, caption))
+        comparisons = _compare(runs, gold, compare, bootstrap, inputs, task)
+        outputs += list(evaluate.write_comparisons(comparisons_out, comparisons, caption, task))
         if comparisons_plot is not None:
             # A panel per encoder of run a: a random model's differences do not set the others' scale.
             figures.plot_comparisons(comparisons, comparisons_plot, {r["run"]: r["encoder"] for r in scores})
             outputs.append(Path(comparisons_plot))
     elif comparisons_plot is not None:
         raise RunError("a comparisons plot asked for without comparisons (--compare)")
+    elif comparisons_out is not None:
+        outputs += list(evaluate.write_comparisons(comparisons_out, [], caption, task))
 
     if plot is not None:
         _plot_dev_curves(runs, scores, references, plot, inputs)
         outputs.append(Path(plot))
-    return Gathered(scores=scores, comparisons=comparisons, inputs=inputs, outputs=outputs)
+    return Gathered(scores=scores, comparisons=comparisons, inputs=inputs, outputs=outputs, task=task)
 
 
-def _read_runs(run_dirs: Sequence[str | os.PathLike]) -> tuple[dict[str, Path], list[dict], list[Path]]:
-    """(run name -> its directory, every run's score rows, the files read), in the order given."""
+def _read_runs(run_dirs: Sequence[str | os.PathLike], task: str = DEFAULT_TASK
+               ) -> tuple[dict[str, Path], list[dict], list[Path]]:
+    """(run name -> its directory, every run's score rows, the files read), in the order given; each run
+    must be of `task`."""
     runs: dict[str, Path] = {}
     inputs: list[Path] = []
     scores: list[dict] = []
@@ -105,6 +115,9 @@ def _read_runs(run_dirs: Sequence[str | os.PathLike]) -> tuple[dict[str, Path], 
         run_dir = Path(run_dir)
         record = read_record(run_dir / RUN_JSON)
         name = record["run"]
+        if record.get("task", DEFAULT_TASK) != task:
+            raise RunError(f"{run_dir}: run {name!r} is a run of task {record.get('task', DEFAULT_TASK)}; a "
+                           f"{task} table joins the runs of one task (give --task, or leave the run out)")
         if name in runs:
             raise RunError(f"run {name!r} is in both {runs[name]} and {run_dir}")
         runs[name] = run_dir
@@ -114,21 +127,21 @@ def _read_runs(run_dirs: Sequence[str | os.PathLike]) -> tuple[dict[str, Path], 
 
 
 def _compare(runs: dict[str, Path], gold: dict[str, str | os.PathLike], compare: Sequence[tuple[str, str]],
-             bootstrap: Bootstrap, inputs: list[Path]) -> list[dict]:
+             bootstrap: Bootstrap, inputs: list[Path], task: str = DEFAULT_TASK) -> list[dict]:
     """A row a - b per pair and split of `gold`, with its paired bootstrap interval; the files read are
     added to `inputs`."""
     comparisons = []
     for split, gold_path in sorted(gold.items()):
         gold_sentences = conllu.read_conllu(gold_path)
         inputs.append(Path(gold_path))
-        gold_tags = [s.upos for s in gold_sentences]
+        gold_tags = [s.tags(task) for s in gold_sentences]
         tags = {}
         for name in sorted({n for pair in compare for n in pair}):
-            tags[name] = predicted_tags(gold_sentences, pred_path(runs[name], split))
+            tags[name] = predicted_tags(gold_sentences, pred_path(runs[name], split), task)
             inputs.append(pred_path(runs[name], split))
         for a, b in compare:
             difference = evaluate.paired_difference(gold_tags, tags[a], tags[b], bootstrap)
-            comparisons.append(evaluate.comparison_row(a, b, split, difference))
+            comparisons.append(evaluate.comparison_row(a, b, split, difference, task))
     return comparisons
 
 

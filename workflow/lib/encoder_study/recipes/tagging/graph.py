@@ -50,6 +50,8 @@ import numpy as np
 from ...core import machine
 from ...core.errors import UserError
 from ...data.conllu import UPOS
+from ...data.tasks import DEFAULT as DEFAULT_TASK
+from ...data.tasks import check_tags
 from ...encoders.families import usable_positions
 from ...encoders.frozen import EncoderError, open_export
 from ...encoders.tokens import Doc, JoinedPieces, PieceTokenizer, WordPieces, check_pooling
@@ -283,10 +285,9 @@ class GraphTagger:
 
     def __init__(self, model_dir: str | os.PathLike, graph: str | os.PathLike, pooling: str = "mean",
                  max_length: int = 512, batch_size: int = 8, threads: int = 1, optimization: str = "all",
-                 tags: Sequence[str] = UPOS):
-        if tuple(tags) != UPOS:
-            raise ValueError(f"the tagger predicts the UD UPOS tags in data.conllu.UPOS order, got "
-                             f"{list(tags)}")
+                 tags: Sequence[str] = UPOS, task: str = DEFAULT_TASK):
+        check_tags(task, tags)
+        self.task = task
         self.encoder = PieceFeeds(model_dir, pooling, max_length, batch_size)
         self.tags = tuple(tags)
         self.graph = Path(graph)

@@ -11,6 +11,7 @@ from ... import provenance
 from ...core import settings
 from ...core.errors import UserError
 from ...data import SPLITS
+from ...data.tasks import TASKS
 from .settings import Bootstrap, Training
 
 # predict is run by hand: its bootstrap has defaults (the tables' come from the config).
@@ -64,6 +65,11 @@ def _rule_command(sub, name: str, help_: str, run) -> argparse.ArgumentParser:
     return p
 
 
+def _add_task(p) -> None:
+    p.add_argument("--task", required=True, choices=list(TASKS),
+                   help="the column learned and scored (data.tasks): upos, or xpos (the treebank's own tags)")
+
+
 def _add_split_arguments(p: argparse.ArgumentParser, split_help: str | None, extra_help: str) -> None:
     """--train/--dev/--test (CoNLL-U files; `split_help` formatted with {split}) and repeatable --extra."""
     for split in SPLITS:
@@ -102,6 +108,7 @@ def _add_train(sub, run) -> None:
     p.add_argument("--run", dest="run_name", required=True, help="the run's name in the tables")
     p.add_argument("--model-dir", required=True, help="results/models/<model> (an export)")
     p.add_argument("--pooling", required=True, choices=["mean", "first"])
+    _add_task(p)
     _add_split_arguments(p, "the {split} split, CoNLL-U",
                          "NAME=PATH: an extra test set, scored once like test (never trains or selects); "
                          "repeat")
@@ -124,6 +131,7 @@ def _add_baseline(sub, run) -> None:
     p = _rule_command(sub, "baseline", "the most-frequent-tag baseline: dev and test predictions and scores",
                       run["baseline"])
     p.add_argument("--run", dest="run_name", required=True, help="the run's name in the tables")
+    _add_task(p)
     _add_split_arguments(p, None, "NAME=PATH: an extra test set; repeat")
     p.add_argument("--out-dir", required=True, help="results/tagging/<run>")
     settings.add_options(p.add_argument_group("bootstrap"), Bootstrap, "bootstrap")
@@ -165,6 +173,7 @@ def _add_table_commands(sub, run) -> None:
     p = _rule_command(sub, "tables", "joined scores, paired comparisons and the development plot",
                       run["tables"])
     p.add_argument("--run-dir", action="append", required=True, help="results/tagging/<run>; repeat")
+    _add_task(p)
     p.add_argument("--gold", type=_gold, action="append", default=[], help="SPLIT=PATH (gold file); repeat")
     p.add_argument("--compare", type=_pair, action="append", default=[], help="RUN_A:RUN_B (a - b); repeat")
     p.add_argument("--reference", action="append", default=[],

@@ -62,6 +62,7 @@ import torch
 
 from ...core import files
 from ...core.errors import UserError
+from ...data.tasks import DEFAULT as DEFAULT_TASK
 from ...encoders.frozen import FrozenEncoder
 from ...encoders.trainable.words import TrainableEncoder
 from ...onnx import manifest
@@ -143,8 +144,9 @@ def describe_tagger_graph(tagger, model_dir_relative: str, graph: dict
                 "optimization": tagger.optimization if copied else "all"}
     reference = {"model": encoder.manifest.get("model"), "files": tagger.encoder_files(),
                  "model_dir": model_dir_relative, "graph": graph}
-    return {"format": TAGGER_FORMAT, "kind": "transformer", "tags": list(tagger.tags), "width": encoder.width,
-            "pooling": encoder.pooling, "encoder": {**reference, "settings": settings}}, {}
+    return {"format": TAGGER_FORMAT, "kind": "transformer", **_task(tagger), "tags": list(tagger.tags),
+            "width": encoder.width, "pooling": encoder.pooling,
+            "encoder": {**reference, "settings": settings}}, {}
 
 
 def describe(tagger: Tagger, model_dir_relative: str, graph: dict | None = None
@@ -169,8 +171,14 @@ def describe(tagger: Tagger, model_dir_relative: str, graph: dict | None = None
     else:
         settings = {"pooling": encoder.pooling, "max_length": encoder.max_length_requested,
                     "batch_size": encoder.batch_size, "optimization": encoder.optimization}
-    return {"format": form, "kind": kind, "tags": list(tagger.tags), "width": encoder.width,
+    return {"format": form, "kind": kind, **_task(tagger), "tags": list(tagger.tags), "width": encoder.width,
             "pooling": encoder.pooling, "encoder": {**reference, "settings": settings}}, tensors
+
+
+def _task(tagger) -> dict:
+    """The pipeline's `task` when it is not `upos` (a file without one is a UPOS tagger's, as every file
+    written before tasks was)."""
+    return {} if tagger.task == DEFAULT_TASK else {"task": tagger.task}
 
 
 @dataclass
@@ -346,7 +354,8 @@ def load(path: str | os.PathLike, model_dir: str | os.PathLike | None = None, th
         return GraphTagger(model_dir, graph, pooling=encoder_settings["pooling"],
                            max_length=encoder_settings["max_length"],
                            batch_size=encoder_settings["batch_size"], threads=threads,
-                           optimization=encoder_settings["optimization"], tags=settings["tags"])
+                           optimization=encoder_settings["optimization"], tags=settings["tags"],
+                           task=settings.get("task", DEFAULT_TASK))
     if settings["kind"] == "transformer":
         encoder = FrozenEncoder(model_dir, pooling=encoder_settings["pooling"],
                                 max_length=encoder_settings["max_length"],
@@ -355,7 +364,7 @@ def load(path: str | os.PathLike, model_dir: str | os.PathLike | None = None, th
     else:
         checkpoint = _join_tensors(encoder_settings["checkpoint"], tensors)
         encoder = TrainableEncoder.restore(model_dir, checkpoint, threads=threads)
-    tagger = Tagger(encoder, tags=settings["tags"])
+    tagger = Tagger(encoder, tags=settings["tags"], task=settings.get("task", DEFAULT_TASK))
     head = {name[len(HEAD):]: t for name, t in tensors.items() if name.startswith(HEAD)}
     tagger.head.load_state_dict(head, strict=True)
     return tagger.eval()

@@ -265,9 +265,9 @@ def _tag_stream(tagger: Tagger, batches, batch_words: int, handle, score: bool, 
         tags = _tag_groups(tagger, pending, ready)
         done.seconds += time.perf_counter() - started
         tagged, carried = pending[:count], pending[count:]
-        handle.write(conllu.render(tagged, tags))
+        handle.write(conllu.render(tagged, tags, tagger.task))
         if score:
-            done.gold += [s.upos for s in tagged]
+            done.gold += [s.tags(tagger.task) for s in tagged]
             done.predicted += tags
         done.sentences += len(tagged)
         done.words += sum(len(s.words) for s in tagged)

@@ -21,12 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from ... import provenance
 from ...core import files
 from ...core.tables import markdown_table
+from ...data.conllu import Sentence
+from ...data.tasks import DEFAULT as DEFAULT_TASK
+from ...data.tasks import TASKS, tag_set
 from ...encoders.frozen import FrozenEncoder
+from ...encoders.trainable.harness import TrainingError
 from ...encoders.trainable.words import TrainableEncoder
 from . import evaluate, pipeline
 from .settings import Bootstrap
@@ -57,8 +62,9 @@ class EncoderOptions:
 
 
 def build_tagger(model_dir: str | os.PathLike, mode: str, pooling: str, seed: int, options: EncoderOptions,
-                 threads: int) -> Tagger:
-    """A fresh tagger (seeded head) over the frozen or the trainable encoder of an exported model."""
+                 threads: int, task: str = DEFAULT_TASK, train: Sequence[Sentence] = ()) -> Tagger:
+    """A fresh tagger (seeded head) over the frozen or the trainable encoder of an exported model, for
+    `task`'s tags (an open set's from the `train` sentences: data.tasks.tag_set)."""
     if mode == "frozen":
         encoder = FrozenEncoder(model_dir, pooling=pooling, max_length=options.max_length,
                                 batch_size=options.window_batch, threads=threads)
@@ -68,7 +74,8 @@ def build_tagger(model_dir: str | os.PathLike, mode: str, pooling: str, seed: in
                                    freeze_embeddings=options.freeze_embeddings, threads=threads)
     else:
         raise ValueError(f"mode must be 'frozen' or 'finetuned', got {mode!r}")
-    return Tagger(encoder, seed=seed)
+    tags = tag_set(task, (tag for s in train for tag in s.tags(task)))
+    return Tagger(encoder, seed=seed, tags=tags, task=task)
 
 
 @dataclasses.dataclass
@@ -84,10 +91,11 @@ class TrainedRun:
 def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[str, str | os.PathLike],
               out_dir: str | os.PathLike, settings: TrainSettings, options: EncoderOptions,
               checkpoint: str | os.PathLike, chunk_steps: int, bootstrap: Bootstrap,
-              progress: bool) -> TrainedRun:
+              progress: bool, task: str = DEFAULT_TASK) -> TrainedRun:
     """Train on paths["train"], select on paths["dev"], score dev and test once with the selected weights.
 
     Any other name in `paths` is an extra test set (out-of-domain, say): scored once too, like test.
+    `task` (data.tasks) is the column learned and scored: UPOS, or the treebank's XPOS.
 
     The training state is saved to `checkpoint` every `chunk_steps` steps (0: only when training ends)
     and resumed from it when it exists, so a rerun after a crash goes on where the last save left off
@@ -100,7 +108,9 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
     # The thread count, device and precision of training hold for the final predictions too, so that
     # the development predictions written are exactly the ones that selected the weights.
     with settled(settings):
-        tagger = build_tagger(model_dir, settings.mode, pooling, settings.seed, options, settings.threads)
+        check_task(task, sentences)
+        tagger = build_tagger(model_dir, settings.mode, pooling, settings.seed, options, settings.threads,
+                              task, sentences["train"])
         result = train(tagger, sentences["train"], sentences["dev"], settings, checkpoint=checkpoint,
                        chunk_steps=chunk_steps, progress=progress, desc=run)
         with autocast(settings):
@@ -112,8 +122,9 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
     encoder = tagger.encoder.manifest.get("model", Path(model_dir).name)
     rows, scores = [], {}
     for split in scored:
-        scores[split] = score_split(sentences[split], predicted[split], pred_path(out_dir, split), bootstrap)
-        rows.append(evaluate.score_row(run, encoder, settings.mode, pooling, split, scores[split]))
+        scores[split] = score_split(sentences[split], predicted[split], pred_path(out_dir, split), bootstrap,
+                                    task)
+        rows.append(evaluate.score_row(run, encoder, settings.mode, pooling, split, scores[split], task))
     record = {
         "run": run, "encoder": encoder, "mode": settings.mode, "pooling": pooling, "kind": tagger.kind,
         "pipeline": pipeline.FILE_NAME, "settings": dataclasses.asdict(settings),
@@ -121,6 +132,8 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
         "selected": {"step": result.best_step, "dev_upos": result.best_dev_upos},
         "stopped": result.stopped, "steps": result.steps, "epochs": result.epochs,
         "splits": {split: split_record(paths[split]) for split in ("train", *scored)},
+        # A task other than upos is named (a run.json without one is a UPOS run's, as before tasks).
+        **({} if task == DEFAULT_TASK else {"task": task, "tags": list(tagger.tags)}),
     }
     # The development score of the selected weights, recomputed from the written file, must be the
     # one that selected them; a difference would mean the weights put back are not the ones scored.
@@ -130,7 +143,7 @@ def train_run(run: str, model_dir: str | os.PathLike, pooling: str, paths: dict[
     pipeline.save(tagger, out_dir / pipeline.FILE_NAME, training={
         k: record[k] for k in ("run", "mode", "settings", "encoder_options", "selected", "stopped", "steps",
                                "epochs")})
-    evaluate.write_scores(out_dir / SCORES, rows)
+    evaluate.write_scores(out_dir / SCORES, rows, task=task)
     files.write_text(out_dir / HISTORY, history_csv(result.history))
     files.write_json(out_dir / RUN_JSON, record)
     checkpoint.unlink(missing_ok=True)
@@ -143,12 +156,24 @@ STOPPED = {"plateau": "--patience development evaluations without a new best",
            "maximum": "the --epochs limit", "max_steps": "the --max-steps limit"}
 
 
+def check_task(task: str, sentences: dict[str, Sequence[Sentence]]) -> None:
+    """Refuse a task whose column the treebank does not fill (XPOS '_'), naming the split and the fix."""
+    if TASKS[task].tags is not None:
+        return
+    for split, found in sentences.items():
+        if any(tag == "_" for s in found for tag in s.tags(task)):
+            raise TrainingError(f"split {split}: words without {TASKS[task].label} (column "
+                                f"{TASKS[task].column} is '_'); a {task} run needs a treebank that gives "
+                                "every word one, or use task upos")
+
+
 def recorded(name: str, run: TrainedRun, inputs: list, device: str) -> provenance.Done:
     """What a trained run did, for its fragment: its files, scores and development history, how it was
     selected and stopped, and in how many invocations it trained; the lines its log prints."""
     result = run.result
+    task = run.record.get("task", DEFAULT_TASK)
     done = provenance.Done(inputs=list(inputs), outputs=list(run.outputs))
-    done.table("Scores", evaluate.scores_markdown(run.rows))
+    done.table("Scores", evaluate.scores_markdown(run.rows, task))
     done.table("Development history", markdown_table(
         ["step", "epoch", "train loss", "dev UPOS"],
         [(h["step"], f"{h['epoch']:.2f}", f"{h['train_loss']:.4f}", f"{h['dev_upos']:.2f}")
@@ -165,5 +190,5 @@ def recorded(name: str, run: TrainedRun, inputs: list, device: str) -> provenanc
                   "selected the weights")
     done.said.append(f"{name}: on {device}; stopped at step {result.steps} ({result.stopped}), selected step "
                      f"{result.best_step}")
-    done.said += scores_said(name, run.rows)
+    done.said += scores_said(name, run.rows, task)
     return done

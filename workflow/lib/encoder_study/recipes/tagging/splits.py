@@ -17,6 +17,7 @@ from ...core import files, tables
 from ...core.errors import UserError
 from ...data import SPLITS, conllu
 from ...data.conllu import Sentence
+from ...data.tasks import TASKS
 from . import evaluate
 from .settings import Bootstrap
 
@@ -56,17 +57,19 @@ def read_splits(paths: dict[str, str | os.PathLike]) -> dict[str, list[Sentence]
 
 
 def score_split(sentences: Sequence[Sentence], predicted: Sequence[Sequence[str]], path: str | os.PathLike,
-                bootstrap: Bootstrap) -> evaluate.Accuracy:
-    """Write the predictions file and score it: accuracy with its sentence-bootstrap interval."""
-    conllu.write_predictions(sentences, predicted, path)
-    return evaluate.accuracy_interval([s.upos for s in sentences], predicted, bootstrap)
+                bootstrap: Bootstrap, task: str = "upos") -> evaluate.Accuracy:
+    """Write the predictions file (the task's column predicted) and score it against the task's gold
+    tags: accuracy with its sentence-bootstrap interval."""
+    conllu.write_predictions(sentences, predicted, path, task)
+    return evaluate.accuracy_interval([s.tags(task) for s in sentences], predicted, bootstrap)
 
 
 def split_record(path: str | os.PathLike) -> dict:
     return {"path": Path(path).as_posix(), "sha256": files.sha256_file(path)}
 
 
-def scores_said(name: str, rows: list[dict]) -> list[str]:
+def scores_said(name: str, rows: list[dict], task: str = "upos") -> list[str]:
     """A run's scores as its log prints them."""
-    return [f"{name}: {row['split']} UPOS {row['upos']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+    label = TASKS[task].label
+    return [f"{name}: {row['split']} {label} {row[task]:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
             for row in rows]

@@ -1,4 +1,4 @@
-"""The UPOS tagger: one linear layer over an encoder's word vectors.
+"""The tagger: one linear layer over an encoder's word vectors, for a task's tags (UPOS, or XPOS).
 
     encoder = FrozenEncoder("results/models/minilm", pooling="mean")       # or TrainableEncoder(...)
     tagger = Tagger(encoder, seed=0)
@@ -6,8 +6,9 @@
     tags = tagger.predict([s.doc() for s in sentences])                     # one list of UPOS per sentence
 
 Over a `FrozenEncoder` the word vectors come from ONNX Runtime (cached per document) and only the
-head trains; over a `TrainableEncoder` the encoder's layers train with the head. The tags are the 17
-UD tags in `data.conllu.UPOS` order, so logit i is tag UPOS[i] for every saved pipeline.
+head trains; over a `TrainableEncoder` the encoder's layers train with the head. Logit i is tag
+`tags[i]`: for the `upos` task the 17 UD tags in `data.conllu.UPOS` order, for `xpos` the train split's
+tags sorted (`data.tasks.tag_set`); a saved pipeline records its tags (and a task other than upos).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 from torch import nn
 
 from ...data.conllu import UPOS
+from ...data.tasks import DEFAULT as DEFAULT_TASK
+from ...data.tasks import check_tags
 from ...encoders.frozen import FrozenEncoder
 from ...encoders.tokens import Doc
 from ...encoders.trainable.words import TrainableEncoder
@@ -49,7 +52,7 @@ def word_batches(lengths: Sequence[int], order: Sequence[int], batch_words: int)
 
 
 class Tagger(nn.Module):
-    """A linear UPOS head (width -> 17) over a frozen or trainable encoder.
+    """A linear head (width -> tags) over a frozen or trainable encoder.
 
     The head starts from a seeded normal(0, 0.02) weight and zero bias, drawn from its own generator so
     that nothing else in the process changes it. A `FrozenEncoder` is kept as a plain attribute (it is
@@ -57,16 +60,17 @@ class Tagger(nn.Module):
     `train()`/`eval()` reach it.
     """
 
-    def __init__(self, encoder: FrozenEncoder | TrainableEncoder, seed: int = 0, tags: Sequence[str] = UPOS):
+    def __init__(self, encoder: FrozenEncoder | TrainableEncoder, seed: int = 0, tags: Sequence[str] = UPOS,
+                 task: str = DEFAULT_TASK):
         super().__init__()
         if not isinstance(encoder, FrozenEncoder | TrainableEncoder):
             raise TypeError(f"a Tagger needs a FrozenEncoder or a TrainableEncoder, not "
                             f"{type(encoder).__name__}")
-        if tuple(tags) != UPOS:
-            raise ValueError(f"the tagger predicts the UD UPOS tags in data.conllu.UPOS order, "
-                             f"got {list(tags)}")
+        check_tags(task, tags)
         self.encoder = encoder
+        self.task = task
         self.tags = tuple(tags)
+        self.tag_index = {tag: i for i, tag in enumerate(self.tags)}
         self.head = nn.Linear(encoder.width, len(self.tags))
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():

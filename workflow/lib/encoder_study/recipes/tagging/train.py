@@ -91,7 +91,8 @@ import torch.nn.functional as F
 
 from ...core import files
 from ...core.files import CheckpointError  # what resuming raises; callers import it from here too
-from ...data.conllu import UPOS, Sentence
+from ...data.conllu import Sentence
+from ...data.tasks import TASKS
 from ...encoders.trainable import harness
 from ...encoders.trainable.common import adamw
 from ...encoders.trainable.harness import TrainingError
@@ -102,7 +103,6 @@ CHECKPOINT_FORMAT = "encoder_study.tagging.train/2"
 STOPS = ("plateau", "maximum", "max_steps")  # TrainResult.stopped
 LBFGS_HISTORY = 20       # correction pairs L-BFGS keeps (torch's default is 100; 20 is ample for 17 x width)
 LBFGS_LINE_SEARCH = 25   # function evaluations one strong-Wolfe line search may take
-TAG_INDEX = {tag: i for i, tag in enumerate(UPOS)}
 ENCODE_SLICE = 1024  # documents per frozen-encoder call while filling the cache (a progress unit)
 
 
@@ -176,14 +176,17 @@ def autocast(settings: TrainSettings):
     return harness.autocast(settings.device, settings.precision)
 
 
-def data_digest(sentences: Sequence[Sentence]) -> str:
-    """SHA-256 of what training reads from the sentences: ids, texts, word ranges and tags."""
-    rows = [[s.sent_id, s.text, [list(r) for r in s.doc().words], list(s.upos)] for s in sentences]
+def data_digest(sentences: Sequence[Sentence], task: str = "upos") -> str:
+    """SHA-256 of what training reads from the sentences: ids, texts, word ranges and the task's tags."""
+    rows = [[s.sent_id, s.text, [list(r) for r in s.doc().words], list(s.tags(task))] for s in sentences]
     return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
-def gold_ids(sentence: Sentence) -> np.ndarray:
-    return np.asarray([TAG_INDEX[tag] for tag in sentence.upos], dtype=np.int64)
+def gold_ids(sentence: Sentence, tagger: Tagger) -> np.ndarray:
+    """The sentence's tags for the tagger's task as its tag ids; -1 for a tag it cannot predict (a
+    development XPOS tag train never had), which then counts as an error."""
+    index = tagger.tag_index
+    return np.asarray([index.get(tag, -1) for tag in sentence.tags(tagger.task)], dtype=np.int64)
 
 
 def train(tagger: Tagger, train_sentences: Sequence[Sentence], dev_sentences: Sequence[Sentence],
@@ -228,13 +231,17 @@ class _Run(harness.Loop):
         super().__init__(checkpoint, torch.device(settings.device))
         self.tagger, self.settings = tagger, settings
         self.train_docs = [s.doc() for s in train_sentences]
-        self.train_gold = [gold_ids(s) for s in train_sentences]
+        self.train_gold = [gold_ids(s, tagger) for s in train_sentences]
+        if any((g < 0).any() for g in self.train_gold):
+            raise TrainingError(f"a train tag is not among the tagger's {len(tagger.tags)} tags; a tagger "
+                                "for this task takes its tags from the train split (data.tasks.tag_set)")
         self.train_lengths = [len(g) for g in self.train_gold]
         self.dev_docs = [s.doc() for s in dev_sentences]
-        self.dev_gold = np.concatenate([gold_ids(s) for s in dev_sentences])
+        self.dev_gold = np.concatenate([gold_ids(s, tagger) for s in dev_sentences])
         self.fingerprint = {"kind": tagger.kind, "files": tagger.encoder_files(),
                             "pooling": tagger.encoder.pooling, "max_length": tagger.encoder.max_length,
-                            "train": data_digest(train_sentences), "dev": data_digest(dev_sentences)}
+                            "train": data_digest(train_sentences, tagger.task),
+                            "dev": data_digest(dev_sentences, tagger.task)}
         if tagger.trainable_encoder:
             self.fingerprint["embeddings_frozen"] = bool(tagger.encoder.embeddings_frozen)
 
@@ -326,7 +333,9 @@ class _Run(harness.Loop):
         if not self.history or self.history[-1]["step"] != self.step:
             return None
         last = self.history[-1]
-        return f"train loss {last['train_loss']:.4f}, dev UPOS {last['dev_upos']:.2f}"
+        # (the history's key is dev_upos whatever the task: history.csv's column, as before tasks)
+        label = TASKS[self.tagger.task].label
+        return f"train loss {last['train_loss']:.4f}, dev {label} {last['dev_upos']:.2f}"
 
     def fill_cache(self, progress: bool, desc: str) -> None:
         """Run the frozen encoder over every train and development document once, in fixed slices.
@@ -407,7 +416,8 @@ class _Run(harness.Loop):
         dev_upos = 100.0 * correct / len(self.dev_gold)  # the formula evaluate.accuracy_interval uses
         # A weight that is not finite predicts some tag for every word: a score, but not one to select.
         largest = torch.stack([p.detach().abs().amax() for p in self.params]).amax().item()
-        self.check_finite({"development UPOS": dev_upos, "largest trainable weight": largest}, step=self.step)
+        self.check_finite({f"development {TASKS[self.tagger.task].label}": dev_upos,
+                           "largest trainable weight": largest}, step=self.step)
         self.history.append({"step": self.step, "epoch": self.epoch_position(),
                              "train_loss": self.loss_sum / max(self.loss_count, 1), "dev_upos": dev_upos})
         self.loss_sum, self.loss_count = 0.0, 0

@@ -94,8 +94,8 @@ def agreement_row(run: str, inline: str | os.PathLike, written: str | os.PathLik
     ours = graph.predict(docs)
     theirs = pipeline.load(inline, threads=threads).predict(docs)
     differing = sum(a != b for p, q in zip(ours, theirs, strict=True) for a, b in zip(p, q, strict=True))
-    conllu.write_predictions(sentences, ours, pred_out)
-    gold = [s.upos for s in sentences]
+    conllu.write_predictions(sentences, ours, pred_out, graph.task)
+    gold = [s.tags(graph.task) for s in sentences]  # the task the pipeline was trained for
     accuracy = evaluate.accuracy_interval(gold, ours, bootstrap)
     inline_upos = evaluate.accuracy_interval(gold, theirs, bootstrap).upos
     return {"run": run, "encoder": _encoder_name(graph), "split": "test", "tokens": accuracy.tokens,
