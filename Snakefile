@@ -18,11 +18,12 @@ configfile: "config/config.yaml"
 # messages print the whole schema for an unknown nested key. Then `validate` fills the defaults.
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "lib"))
 from encoder_study.core.config_check import problems as config_problems
+from encoder_study.core.config_check import refuse as refuse_config
 
 _SCHEMA = Path(workflow.basedir, "workflow/schemas/config.schema.yaml")
 _PROBLEMS = config_problems(config, yaml.safe_load(_SCHEMA.read_text(encoding="utf-8")))
 if _PROBLEMS:
-    raise WorkflowError("\n".join(_PROBLEMS))
+    refuse_config(*_PROBLEMS)
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
@@ -52,9 +53,9 @@ include: "workflow/rules/preflight.smk"
 for _section in ("threads", "resources"):
     for _key in sorted(set(config[_section]) - {"default"} - CONFIGURED[_section]):
         if _key in {r.name for r in workflow.rules}:
-            raise WorkflowError(f"config: {_section}.{_key}: rule {_key} takes no {_section} from the "
+            refuse_config(f"config: {_section}.{_key}: rule {_key} takes no {_section} from the "
                                 f"config; those that do: {', '.join(sorted(CONFIGURED[_section]))}")
-        raise WorkflowError(f"config: {_section}.{_key} names no rule of the workflow; rules are named "
+        refuse_config(f"config: {_section}.{_key} names no rule of the workflow; rules are named "
                             "<recipe>_<step> (see the README's recipe table)")
 
 
@@ -75,6 +76,7 @@ localrules:
     student_stage,
     tagging,
     tagging_tables,
+    tagging_task_tables,
     tagging_per_tag,
     writeback,
     writeback_speed_plot,

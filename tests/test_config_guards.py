@@ -139,7 +139,11 @@ def test_the_default_config_passes_every_guard(dry_runs):
 def test_each_guard_refuses_its_config_with_its_message(dry_runs, guard):
     _, message = GUARDS[guard]
     printed = refusal(dry_runs, guard)
-    assert "WorkflowError" in printed and message in printed
+    assert message in printed
+    # the message ends the output: no "WorkflowError in file" header, no traceback frame after it
+    assert dry_runs[guard].returncode == 1
+    assert "WorkflowError" not in printed and ", line " not in printed, printed
+    assert printed.rstrip().splitlines()[-1].startswith("config: ")
     if guard == "threads of a rule that takes none":  # then the rules that do, sorted
         listed = printed.split(message, 1)[1].splitlines()[0].split(", ")
         assert listed == sorted(listed) and "tagging_train" in listed and "export_table" not in listed

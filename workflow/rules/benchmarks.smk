@@ -7,7 +7,7 @@ BENCHMARKS = config["benchmarks"]
 # times its own encoder without a key of its own.
 BENCHMARK_MODEL = BENCHMARKS["model"] or config["student"]["teacher"]
 if BENCHMARK_MODEL not in MODEL_SPECS:
-    raise WorkflowError(f"config: benchmarks.model '{BENCHMARK_MODEL}' is not in `models` "
+    refuse_config(f"config: benchmarks.model '{BENCHMARK_MODEL}' is not in `models` "
                         f"(it has: {', '.join(MODELS)})")
 
 

@@ -210,7 +210,7 @@ def _model_specs(entries):
     specs = {}
     for entry in entries:
         if entry["name"] in specs:
-            raise WorkflowError(f"config: models lists '{entry['name']}' twice; names must be unique")
+            refuse_config(f"config: models lists '{entry['name']}' twice; names must be unique")
         specs[entry["name"]] = entry
     return specs
 
@@ -220,9 +220,9 @@ MODELS = sorted(MODEL_SPECS)
 # The distilled student is a model too (tagging runs may name it), built by the student recipe.
 STUDENT = config["student"]["name"]
 if STUDENT in MODEL_SPECS:
-    raise WorkflowError(f"config: student.name '{STUDENT}' is also in `models`; give the student another name")
+    refuse_config(f"config: student.name '{STUDENT}' is also in `models`; give the student another name")
 if config["student"]["teacher"] not in MODEL_SPECS:
-    raise WorkflowError(f"config: student.teacher '{config['student']['teacher']}' is not in `models` "
+    refuse_config(f"config: student.teacher '{config['student']['teacher']}' is not in `models` "
                         f"(it has: {', '.join(MODELS)})")
 
 
@@ -246,7 +246,7 @@ def _local_sources():
 
 _MISSING = [f"{key}: {location}" for key, location in _local_sources() if not local_path(location).exists()]
 if _MISSING:
-    raise WorkflowError(f"config: no such file or directory: {'; '.join(_MISSING)} (a path or file:// URL "
+    refuse_config(f"config: no such file or directory: {'; '.join(_MISSING)} (a path or file:// URL "
                         f"is read in place, a relative path from {os.getcwd()}): fix the path, or give an "
                         "http(s) URL")
 
@@ -372,7 +372,7 @@ def _processes(value):
     except (TypeError, ValueError):
         processes = 0
     if processes < 1 or str(processes) != str(value).strip():
-        raise WorkflowError(f"config: student.processes is {value!r}; give a whole number of at least 1")
+        refuse_config(f"config: student.processes is {value!r}; give a whole number of at least 1")
     return processes
 
 
@@ -413,9 +413,9 @@ def _runs(entries):
     runs = {}
     for entry in entries:
         if entry["name"] in runs:
-            raise WorkflowError(f"config: tagging.runs lists '{entry['name']}' twice; names must be unique")
+            refuse_config(f"config: tagging.runs lists '{entry['name']}' twice; names must be unique")
         if entry["mode"] != "spacy" and entry["model"] not in MODEL_SPECS and entry["model"] != STUDENT:
-            raise WorkflowError(f"config: tagging run '{entry['name']}' names model '{entry['model']}', "
+            refuse_config(f"config: tagging run '{entry['name']}' names model '{entry['model']}', "
                                 f"which is neither in `models` ({', '.join(MODELS)}) nor the student ('{STUDENT}')")
         runs[entry["name"]] = entry
     return runs
@@ -432,11 +432,11 @@ TASK_RUNS = {}
 for _name, _run in sorted(_ALL_RUNS.items()):
     TASK_RUNS.setdefault(_run["task"], []).append(_name)
     if _run["mode"] == "spacy" and _run["task"] != "upos":
-        raise WorkflowError(f"config: tagging run '{_name}' is a spacy run of task {_run['task']}; spaCy runs tag "
+        refuse_config(f"config: tagging run '{_name}' is a spacy run of task {_run['task']}; spaCy runs tag "
                             "upos only (leave out `task`)")
 OTHER_TASKS = sorted(set(TASK_RUNS) - {"upos"})
 for _name in set(_ALL_RUNS) & {"upos", "xpos"}:
-    raise WorkflowError(f"config: tagging run '{_name}' is named as a task; results/tagging/{_name}/ holds that "
+    refuse_config(f"config: tagging run '{_name}' is named as a task; results/tagging/{_name}/ holds that "
                         "task's tables: rename the run")
 
 
@@ -447,12 +447,12 @@ def run_task(name):
 for _a, _b in config["tagging"]["comparisons"]:
     for _name in (_a, _b):
         if _name != "baseline" and _name not in _ALL_RUNS:
-            raise WorkflowError(f"config: tagging.comparisons names '{_name}', which is not a run")
+            refuse_config(f"config: tagging.comparisons names '{_name}', which is not a run")
     if _a == _b:
-        raise WorkflowError(f"config: tagging.comparisons compares '{_a}' with itself (a difference of 0 by "
+        refuse_config(f"config: tagging.comparisons compares '{_a}' with itself (a difference of 0 by "
                             "construction); name two different runs")
     if run_task(_a) != run_task(_b):
-        raise WorkflowError(f"config: tagging.comparisons compares '{_a}' ({run_task(_a)}) with '{_b}' "
+        refuse_config(f"config: tagging.comparisons compares '{_a}' ({run_task(_a)}) with '{_b}' "
                             f"({run_task(_b)}); compare runs of one task (the baseline is upos)")
 
 
@@ -474,7 +474,7 @@ def run_settings(run):
 
 for _run in RUNS.values():
     if not run_settings(_run)["epochs"] and not run_settings(_run)["max_steps"]:
-        raise WorkflowError(f"config: tagging run '{_run['name']}' has no end: epochs 0 and max_steps 0 (its "
+        refuse_config(f"config: tagging run '{_run['name']}' has no end: epochs 0 and max_steps 0 (its "
                             f"entry's, else tagging.defaults.{_run['mode']}'s); set epochs or max_steps")
 
 

@@ -100,7 +100,7 @@ LATENCY_ROWS = "results/parity/latency/{model}.csv"
 # among them is ignored: a config given over this one may have other models).
 LATENCY_MODELS = [m for m in MODELS if m not in config["parity"]["latency_skip"]]
 if not LATENCY_MODELS:
-    raise WorkflowError(f"config: parity.latency_skip skips every model ({', '.join(MODELS)}); the latency "
+    refuse_config(f"config: parity.latency_skip skips every model ({', '.join(MODELS)}); the latency "
                         "table needs one")
 
 

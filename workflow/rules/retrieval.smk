@@ -13,7 +13,7 @@ RANDOM_HEADS = RETRIEVAL["heads"] == "random"
 # acquired here.
 if isinstance(RETRIEVAL["model"], str):
     if RETRIEVAL["model"] not in MODEL_SPECS:
-        raise WorkflowError(f"config: retrieval.model is '{RETRIEVAL['model']}', which `models` does not "
+        refuse_config(f"config: retrieval.model is '{RETRIEVAL['model']}', which `models` does not "
                             f"list; name one of {', '.join(MODELS)} or give a model entry of its own")
     RETRIEVAL_SOURCE = expand(rules.export_acquire.output.source, model=RETRIEVAL["model"])[0]
     RETRIEVAL_ACQUIRED = expand(rules.export_acquire.output.prov, model=RETRIEVAL["model"])

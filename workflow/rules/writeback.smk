@@ -12,13 +12,13 @@ FINETUNED_RUNS = [r for r in RUN_NAMES if RUNS[r]["mode"] == "finetuned" and RUN
 WRITEBACK_RUNS = FINETUNED_RUNS if WRITEBACK["runs"] is None else sorted(set(WRITEBACK["runs"]))
 for _name in WRITEBACK_RUNS:
     if _name not in FINETUNED_RUNS:
-        raise WorkflowError(f"config: writeback.runs names '{_name}', which is not a fine-tuned tagging run "
+        refuse_config(f"config: writeback.runs names '{_name}', which is not a fine-tuned tagging run "
                             f"(fine-tuned runs: {', '.join(FINETUNED_RUNS) or 'none'})")
 # The runs the speed table times: the written-back runs but those of writeback.speed_skip (a name that
 # is not among them is ignored: a config given over this one may have other runs).
 SPEED_RUNS = [r for r in WRITEBACK_RUNS if r not in WRITEBACK["speed_skip"]]
 if WRITEBACK_RUNS and not SPEED_RUNS:
-    raise WorkflowError(f"config: writeback.speed_skip skips every written-back run "
+    refuse_config(f"config: writeback.speed_skip skips every written-back run "
                         f"({', '.join(WRITEBACK_RUNS)}); the speed table needs one")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from collections.abc import Iterable, Mapping
 
 
@@ -83,3 +84,11 @@ def problems(config: Mapping, schema: Mapping) -> list[str]:
         else:
             lines.append(f"config: {where}: {_short(error.message, 200)}")
     return lines
+
+
+def refuse(*lines: str) -> None:
+    """A mistake in the config: its lines (each `config: ...`, naming the key and the fix) on stderr, then
+    exit status 1, without Snakemake's traceback frames of the file that found it (the Snakefile's and
+    the rule files' config guards call it)."""
+    print(*lines, sep="\n", file=sys.stderr, flush=True)
+    raise SystemExit(1)
