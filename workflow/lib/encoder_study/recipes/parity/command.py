@@ -103,16 +103,6 @@ def _add_model_commands(sub) -> None:
                    help="at least this many seconds of calls per cell (and for the GEMM probe)")
 
 
-def _record(frag: provenance.Fragment, report) -> None:
-    """A parity step's report (parity_tables.Report) into its fragment."""
-    frag.inputs += report.inputs
-    frag.outputs += report.outputs
-    for title, markdown in [(report.title, report.markdown), *report.more_tables]:
-        frag.table(title, markdown)
-    for note in report.notes:
-        frag.note(note)
-
-
 def fetch(args) -> int:
     from ...core import files
     from ...data import fetch as fetching
@@ -162,7 +152,7 @@ def compare(args) -> int:
 
     threads = machine.usable_threads(args.threads)
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
-        _record(frag, parity.compare_rows(args.model_dir, args.source, args.texts, threads,
+        frag.add(parity.compare_rows(args.model_dir, args.source, args.texts, threads,
                                           args.inference_out, args.diffs, args.trainable_out))
     return 0
 
@@ -179,7 +169,7 @@ def latency(args) -> int:
     batches = tuple(int(b) for b in args.batches.split(","))
     models = [(model_dir, source, out) for (model_dir, source), out in zip(args.model, args.out, strict=True)]
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
-        _record(frag, parity.latency_rows(models, threads, batches, args.seq_len, args.warmup, args.runs,
+        frag.add(parity.latency_rows(models, threads, batches, args.seq_len, args.warmup, args.runs,
                                           args.min_seconds))
     return 0
 
@@ -188,5 +178,5 @@ def table(args) -> int:
     from . import parity_tables
 
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=1) as frag:
-        _record(frag, parity_tables.gather(args.kind, args.parts, args.out, args.markdown, args.plot))
+        frag.add(parity_tables.gather(args.kind, args.parts, args.out, args.markdown, args.plot))
     return 0

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ... import provenance
 from ...core import files, machine
 from ...encoders import compare, perf
 from ...onnx import manifest
 from ...onnx.runtime import OUTPUT, ort_session, pad_batch
-from .parity_tables import TABLES, Report, markdown, write_rows
+from .parity_tables import TABLES, markdown, write_rows
 
 
 @dataclass
@@ -123,7 +124,7 @@ BATCH_TOLERANCE = 1e-5
 
 def compare_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike, texts: str | os.PathLike,
                  threads: int, inference_out: str | os.PathLike, diffs: str | os.PathLike,
-                 trainable_out: str | os.PathLike) -> Report:
+                 trainable_out: str | os.PathLike) -> provenance.Done:
     """The model's row of the inference table to `inference_out` (CSV) with its per-token differences to
     `diffs` (.npy), and its rows of the trainable table to `trainable_out` (CSV): the reference and the
     graph run each text once, and both tables read those states.
@@ -132,7 +133,7 @@ def compare_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike, t
     texts run alone by more than float32 reassociation (BATCH_TOLERANCE); a smaller difference is a note
     (batch_equal False)."""
     threads = machine.torch_threads(threads)
-    report = Report(TABLES["inference"].title, "", inputs=[*model_inputs(model_dir, source_json), texts])
+    report = provenance.Done(inputs=[*model_inputs(model_dir, source_json), texts])
     pair = compare.Pair.load(model_dir, source_json)
     chosen = [r["text"] for r in compare.read_texts(texts)]
     session = ort_session(pair.onnx_path, threads)
@@ -140,19 +141,19 @@ def compare_rows(model_dir: str | os.PathLike, source_json: str | os.PathLike, t
     row, per_token = inference_parity(pair, chosen, threads, alone=alone, session=session)
     with files.atomic_path(diffs) as tmp, open(tmp, "wb") as handle:
         np.save(handle, per_token)
-    report.markdown = write_rows("inference", [asdict(row)], inference_out)
+    report.table(TABLES["inference"].title, write_rows("inference", [asdict(row)], inference_out))
     if row.truncated:
         report.notes.append(f"{row.truncated} texts were cut to the model's {pair.pieces.max_pieces} "
                             "positions")
     rows = compare.trainable_parity(pair, chosen, threads, alone=alone)
     batch_max_abs = max(r.pop("batch_max_abs") for r in rows)  # the fragment's, not the table's
-    report.more_tables.append((TABLES["trainable"].title, write_rows("trainable", rows, trainable_out)))
+    report.table(TABLES["trainable"].title, write_rows("trainable", rows, trainable_out))
     report.outputs += [inference_out, diffs, trainable_out]
     _check_batches(pair.name, rows, batch_max_abs, report)
     return report
 
 
-def _check_batches(name: str, rows: list[dict], batch_max_abs: float, report: Report) -> None:
+def _check_batches(name: str, rows: list[dict], batch_max_abs: float, report: provenance.Done) -> None:
     """ParityError, or a note, when the trainable modules' padded batches differ from texts run alone."""
     if rows[0]["batch_equal"]:
         return
@@ -168,12 +169,12 @@ def _check_batches(name: str, rows: list[dict], batch_max_abs: float, report: Re
 
 def latency_rows(models: Sequence[tuple[str | os.PathLike, str | os.PathLike, str | os.PathLike]],
                  threads: int, batches: tuple[int, ...], seq_len: int, warmup: int, runs: int,
-                 min_seconds: float) -> Report:
+                 min_seconds: float) -> provenance.Done:
     """Each model's rows of the latency table to its CSV: `models` holds (model dir, source.json, out)
     triples, timed one after another in one process, beside one GEMM probe calibrated once for all (the
     cells share the threads); each model's rows carry the machine's load around its own cells."""
     threads = machine.torch_threads(threads)
-    report = Report("Latency", "")
+    report = provenance.Done()
     probe = perf.Probe.beside(threads, min_seconds)
     everything = []
     for model_dir, source_json, out in models:
@@ -190,7 +191,7 @@ def latency_rows(models: Sequence[tuple[str | os.PathLike, str | os.PathLike, st
     report.notes += probe.notes()
     report.notes += [f"{r['model']}, {r['runtime']}, batch {r['batch']}: {r['fraction_of_gemm']:.2f} of "
                      f"GEMM, {r['limit_note']}" for r in everything if r["limit_note"]]
-    report.markdown = markdown("latency", everything)
+    report.table("Latency", markdown("latency", everything))
     return report
 
 

@@ -8,11 +8,12 @@ or a column's format reruns the three gathers and nothing that compares or times
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ... import provenance
 from ...core import files, plots, tables
 
 INFERENCE_COLUMNS = ["model", "tokens", "texts", "truncated", "max_abs", "mean_abs", "min_cos", "mean_cos",
@@ -52,18 +53,6 @@ TABLES = {
     "trainable": Table("Trainable parity", TRAINABLE_COLUMNS, TRAINABLE_MARKDOWN),
     "latency": Table("Latency", LATENCY_COLUMNS, LATENCY_MARKDOWN),
 }
-
-
-@dataclass
-class Report:
-    """What one parity step read and wrote, and its table: the command records it in the fragment."""
-
-    title: str
-    markdown: str
-    inputs: list[str | os.PathLike] = field(default_factory=list)
-    outputs: list[str | os.PathLike] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    more_tables: list[tuple[str, str]] = field(default_factory=list)  # (title, Markdown) after the first
 
 
 def markdown(kind: str, rows: list[dict]) -> str:
@@ -112,20 +101,20 @@ def plot_latency(rows: list[dict], target: str | os.PathLike) -> None:
 
 
 def gather(kind: str, parts: list[str | os.PathLike], out: str | os.PathLike,
-           markdown_path: str | os.PathLike, plot: str | os.PathLike | None) -> Report:
+           markdown_path: str | os.PathLike, plot: str | os.PathLike | None) -> provenance.Done:
     """Concatenate per-model CSVs (sorted by model) into table `kind`, its Markdown and, given `plot`,
     its plot: for inference the per-token differences (each part's .npy beside it), for latency the
     bars of `plot_latency`."""
     table = TABLES[kind]
-    report = Report(table.title, "")
+    report = provenance.Done()
     rows = []
     for part in sorted(map(str, parts)):
         rows += tables.read_csv(part)  # within a part, rows keep the order the command wrote them in
         report.inputs.append(part)
     rows.sort(key=lambda r: r["model"])  # stable: runtimes, batches and comparisons keep their order
     files.write_text(out, tables.csv_text(rows, table.columns))
-    report.markdown = markdown(kind, rows)
-    files.write_text(markdown_path, report.markdown)
+    report.table(table.title, markdown(kind, rows))
+    files.write_text(markdown_path, markdown(kind, rows))
     report.outputs += [out, markdown_path]
     if plot and kind == "latency":
         plot_latency(rows, plot)
