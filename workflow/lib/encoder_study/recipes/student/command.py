@@ -129,48 +129,24 @@ def distill(args) -> int:
 
 
 def export(args) -> int:
-    from ...core import files, machine
-    from . import distill
+    from ...core import machine
     from . import export as student_export
 
     threads = machine.usable_threads(args.threads)
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
-        encoder, saved = distill.load_student(args.student)
-        record = student_export.export_student(
-            encoder, args.teacher_dir, args.out_dir, name=args.name, tolerance=args.tolerance,
-            threads=threads, opset=args.opset, ort_optimization=args.ort_optimization,
-            distillation={"student": Path(args.student).name, "sha256": files.sha256_file(args.student),
-                          "teacher": saved.get("teacher"), "steps": saved.get("steps")})
-        frag.inputs += [args.student, *(Path(args.teacher_dir) / n for n in manifest.EXPORT_FILES)]
-        out = Path(args.out_dir)
-        frag.outputs += [out / n for n in manifest.EXPORT_FILES]
-        check = record["check"]
-        frag.note(f"export check, ONNX Runtime against PyTorch on a padded batch of lengths "
-                  f"{check['lengths']}: max abs {check['max_abs']:.3g}, largest value "
-                  f"{check['max_value']:.3g} ({check['criterion']}, tolerance {check['tolerance']})")
+        frag.add(student_export.export_stage(args.student, args.teacher_dir, args.out_dir, name=args.name,
+                                             tolerance=args.tolerance, threads=threads, opset=args.opset,
+                                             ort_optimization=args.ort_optimization))
     return 0
 
 
 def parity(args) -> int:
-    from ...core import files, machine, tables
-    from ...data import texts
-    from . import distill, reference
+    from ...core import machine
     from . import parity as student_parity
 
     threads = machine.torch_threads(args.threads)
-    markdown_path = Path(args.out).with_suffix(".md")
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=threads) as frag:
-        encoder, _ = distill.load_student(args.student)
-        bert = reference.load(encoder.state_dict(), encoder.settings_dict())
-        records = texts.read_jsonl(args.texts)
-        rows = student_parity.parity(bert, args.export_dir, [r["text"] for r in records], threads=threads)
-        files.write_text(args.out, tables.csv_text(rows, student_parity.PARITY_COLUMNS))
-        markdown = student_parity.parity_markdown(rows)
-        files.write_text(markdown_path, markdown)
-        frag.inputs += [args.student, args.texts, *(Path(args.export_dir) / n for n in manifest.EXPORT_FILES)]
-        frag.outputs += [args.out, markdown_path]
-        frag.table("Student parity against transformers' BertModel (one text per run, every token)",
-                   markdown)
+        frag.add(student_parity.table(args.student, args.export_dir, args.texts, args.out, threads))
     return 0
 
 

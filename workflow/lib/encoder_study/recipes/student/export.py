@@ -298,3 +298,25 @@ def _record(encoder: PostNormEncoder, name: str, teacher: dict, distillation: di
 def graph_names(layers: int, prefix: str = "model.") -> dict[str, str]:
     """Our parameter name -> the exported initializer's name (the scheme above)."""
     return {ours: prefix + theirs for ours, theirs in student_names(layers).items()}
+
+
+def export_stage(student: str | os.PathLike, teacher_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
+                 name: str, tolerance: float, threads: int, opset: int, ort_optimization: str
+                 ) -> provenance.Done:
+    """`student export`: the distilled student (a `distill` output) exported beside its teacher's files
+    (`export_student`), and what the fragment records: the files and the export check."""
+    from . import distill
+
+    encoder, saved = distill.load_student(student)
+    record = export_student(
+        encoder, teacher_dir, out_dir, name=name, tolerance=tolerance, threads=threads, opset=opset,
+        ort_optimization=ort_optimization,
+        distillation={"student": Path(student).name, "sha256": files.sha256_file(student),
+                      "teacher": saved.get("teacher"), "steps": saved.get("steps")})
+    check = record["check"]
+    return provenance.Done(
+        inputs=[student, *(Path(teacher_dir) / n for n in manifest.EXPORT_FILES)],
+        outputs=[Path(out_dir) / n for n in manifest.EXPORT_FILES],
+        notes=[f"export check, ONNX Runtime against PyTorch on a padded batch of lengths {check['lengths']}: "
+               f"max abs {check['max_abs']:.3g}, largest value {check['max_value']:.3g} "
+               f"({check['criterion']}, tolerance {check['tolerance']})"])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ... import provenance
 from ...core import machine, tables
 from ...onnx import manifest
 
@@ -55,3 +56,25 @@ def parity(reference: nn.Module, export_dir: str | os.PathLike, texts: list[str]
 
 def parity_markdown(rows: list[dict]) -> str:
     return tables.markdown(rows, PARITY_MARKDOWN)
+
+
+def table(student: str | os.PathLike, export_dir: str | os.PathLike, texts_path: str | os.PathLike,
+          out: str | os.PathLike, threads: int) -> provenance.Done:
+    """`student parity`: the exported student against transformers' BertModel fed the same weights
+    (`reference`), one text per run, written to `out` (CSV) and its Markdown beside it."""
+    from ...core import files
+    from ...data import texts
+    from . import distill, reference
+
+    encoder, _ = distill.load_student(student)
+    bert = reference.load(encoder.state_dict(), encoder.settings_dict())
+    records = texts.read_jsonl(texts_path)
+    rows = parity(bert, export_dir, [r["text"] for r in records], threads=threads)
+    markdown_path = Path(out).with_suffix(".md")
+    files.write_text(out, tables.csv_text(rows, PARITY_COLUMNS))
+    files.write_text(markdown_path, parity_markdown(rows))
+    read = [student, texts_path, *(Path(export_dir) / n for n in manifest.EXPORT_FILES)]
+    done = provenance.Done(inputs=read, outputs=[out, markdown_path])
+    done.table("Student parity against transformers' BertModel (one text per run, every token)",
+               parity_markdown(rows))
+    return done
