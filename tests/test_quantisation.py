@@ -182,3 +182,25 @@ def test_the_retrieval_gates_measures_on_their_edge_cases():
 
     gate = Quantisation(True, True, 0.99, 0.8, 0.95, 0.9, 0.95)
     assert retrieval_quantise.failures(row, gate) == ["dense_cos_min 0.5000 < min_dense_cosine 0.99"]
+
+
+def test_predict_tags_with_the_published_variant_and_says_when_there_is_none(written, published, tmp_path,
+                                                                             capsys):
+    tagging = cli_runner("tagging")
+    folder = tmp_path / "bert-tiny"
+    folder.mkdir()
+    for p in written["pipeline"].parent.iterdir():  # the float32 pair, with no variant beside it
+        if p.is_file():
+            (folder / p.name).write_bytes(p.read_bytes())
+    argv = ["predict", "--pipeline", str(folder / pipeline.FILE_NAME), "--input", str(written["test"])]
+    assert tagging(*argv, "--variant", "int8", "--out", str(tmp_path / "none.conllu")) == 2
+    assert "no int8 variant is published beside it" in capsys.readouterr().err
+    assert not (tmp_path / "none.conllu").exists()
+    (folder / "int8").mkdir()
+    for p in (published / "bert-tiny" / "int8").iterdir():
+        (folder / "int8" / p.name).write_bytes(p.read_bytes())
+    assert tagging(*argv, "--variant", "int8", "--out", str(tmp_path / "int8.conllu")) == 0
+    own = ["predict", "--pipeline", str(folder / "int8" / pipeline.FILE_NAME), "--input",
+           str(written["test"])]
+    assert tagging(*own, "--out", str(tmp_path / "own.conllu")) == 0
+    assert (tmp_path / "int8.conllu").read_bytes() == (tmp_path / "own.conllu").read_bytes()

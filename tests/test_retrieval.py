@@ -440,3 +440,61 @@ def test_flagembedding_reads_the_models_tokenizer_as_it_is(parts, tmp_path):
         embedder = flagembedding.load(directory, 128)
         with pytest.raises(RetrievalError, match=f"case multilingual, text {thai}: FlagEmbedding's tok"):
             flagembedding.outputs(embedder, multilingual, 128, parts["encoder"].config.vocab_size)
+
+
+# -- the int8 variant (issue 35) ------------------------------------------------------------------------
+
+GATE = {"min-dense-cosine": "0.99", "min-sparse-top10": "0.8", "min-sparse-correlation": "0.95",
+        "min-colbert-cosine": "0.9", "min-colbert-cosine-p5": "0.95"}
+
+
+def _quantise(built, out: Path, capsys, **gate) -> tuple[int, list[str]]:
+    options = [x for k, v in {**GATE, **gate}.items() for x in (f"--quantisation-{k}", v)]
+    status = command("quantisation", "--model-dir", str(built["model"]), "--source", str(built["source"]),
+                     "--heads-dir", str(built["heads"]), "--quantisation-per-channel",
+                     "--quantisation-embeddings", *options, "--threads", "1", "--out-dir", str(out / "int8"),
+                     "--out", str(out / "quantisation.csv"),
+                     "--provenance", str(out / "prov" / "retrieval_quantisation.md"))
+    return status, capsys.readouterr().out.splitlines()
+
+
+def test_the_int8_variant_is_published_with_its_manifest_and_refused_when_damaged(built, tmp_path, capsys):
+    status, said = _quantise(built, tmp_path, capsys)
+    assert status == 0 and said == [f"retrieval int8 variant published in {tmp_path / 'int8'}"]
+    folder = tmp_path / "int8"
+    assert verify(folder, retrieval.MANIFEST) == []
+    manifest = json.loads((folder / retrieval.MANIFEST).read_text(encoding="utf-8"))
+    listed = {e["path"]: e["sha256"] for e in manifest["files"]}
+    assert listed[ONNX_FILE] == manifest["variant"]["quantisation"]["sha256"]
+    assert listed[ONNX_FILE] == files.sha256_file(folder / ONNX_FILE)
+    assert manifest["optimization"]["external_data"] is False
+    assert not (folder / (ONNX_FILE + ".data")).exists()
+    ops = {n.op_type for n in onnx.load(str(folder / ONNX_FILE)).graph.node}
+    assert {"MatMulInteger", "DequantizeLinear"} <= ops
+    rows = tables.read_csv(tmp_path / "quantisation.csv")
+    cases = built["returned"][0]["check"]["cases"]
+    assert len(rows) == 2 * len(cases) and {r["reference"] for r in rows} == {"float32", "flagembedding"}
+    # The fragment lists the variant's files with their SHA-256 (what the run crate lists).
+    from encoder_study.provenance import twin
+    from encoder_study.provenance.records import read_record
+
+    record = read_record(twin(tmp_path / "prov" / "retrieval_quantisation.md"))
+    outputs = {Path(f["path"]).name: f["sha256"] for f in record["files"] if f["role"] == "output"
+               and Path(f["path"]).parent.name == "int8"}
+    assert outputs[ONNX_FILE] == listed[ONNX_FILE] and retrieval.MANIFEST in outputs
+    # A damaged int8 graph is refused like any export's, naming the file.
+    data = bytearray((folder / ONNX_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (folder / ONNX_FILE).write_bytes(bytes(data))
+    (problem,) = verify(folder, retrieval.MANIFEST)
+    assert f"{folder / ONNX_FILE} changed" in problem
+
+
+def test_an_int8_variant_over_a_threshold_is_refused_in_one_line(built, tmp_path, capsys):
+    status, said = _quantise(built, tmp_path, capsys, **{"min-dense-cosine": "1.01"})
+    assert status == 0 and len(said) == 1
+    assert said[0].startswith("retrieval int8 variant not published: case english against float32: "
+                              "dense_cos_min") and "min_dense_cosine 1.01" in said[0]
+    assert not any((tmp_path / "int8").iterdir())
+    assert {r["published"] for r in tables.read_csv(tmp_path / "quantisation.csv")} == {"False"}
+
