@@ -64,6 +64,7 @@ def built(tiny_exports, models_dir, tmp_path_factory):
             "--out-dir", str(base / "model"),
             "--parity", str(base / "parity.csv"), "--markdown", str(base / "parity.md"),
             "--opset", "18", "--tolerance", "1e-4", "--ort-optimization", "basic", "--external-data", "auto",
+            "--sparse-top-k", "0",
             "--threads", "1", "--provenance", str(prov / "retrieval_export.md")) == 0
     (exported,) = returned
     return {"base": base, "source": source, "model": base / "model", "heads": base / "heads",
@@ -297,6 +298,28 @@ def test_external_data_graph_is_published_whole(built, tmp_path):
     assert all(r["allclose"] for r in rows) and verify(out, retrieval.MANIFEST) == []
     (out / retrieval.DATA_FILE).unlink()
     assert [p for p in verify(out, retrieval.MANIFEST) if retrieval.DATA_FILE in p]
+
+
+def test_the_compact_sparse_output_is_the_rows_top_k_in_the_same_graph(built, tmp_path):
+    out = tmp_path / "compact"
+    record, rows, _ = retrieval.export_graph(built["source"], built["heads"], out,
+                                             dataclasses.replace(SETTINGS, sparse_top_k=5))
+    assert record["compact_sparse"]["top_k"] == 5 and all(r["allclose"] for r in rows)
+    assert record["exporter"]["outputs"]["sparse_top_ids"] == {"dtype": "int64", "shape": ["batch", 5]}
+    session = onnxruntime.InferenceSession(str(out / ONNX_FILE), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == [*OUTPUTS, *graph.COMPACT_OUTPUTS]
+    case = next(c for c in parity_cases(out / TOKENIZER_FILE, reference.load_pytorch(
+        reference.source_dir(built["source"])[0]).config) if c.name == "batch")
+    sparse, ids, weights = session.run(["sparse", *graph.COMPACT_OUTPUTS],
+                                       {"input_ids": case.input_ids, "attention_mask": case.attention_mask})
+    for row in range(sparse.shape[0]):
+        top = sorted(sparse[row][sparse[row] > 0], reverse=True)[:5]
+        assert weights[row].tolist() == pytest.approx(top + [0.0] * (5 - len(top)), abs=0)
+        assert sparse[row, ids[row]].tolist() == weights[row].tolist()
+    # The default graph has the seed's three outputs, and its manifest says nothing of a compact one.
+    assert "compact_sparse" not in built["returned"][0]
+    default = onnx.load(str(built["model"] / ONNX_FILE), load_external_data=False)
+    assert [o.name for o in default.graph.output] == list(OUTPUTS)
 
 
 def test_a_failed_check_publishes_nothing(built, tmp_path):

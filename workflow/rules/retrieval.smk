@@ -92,6 +92,7 @@ rule retrieval_export:
         tolerance=RETRIEVAL["tolerance"],
         optimization=RETRIEVAL["ort_optimization"],
         external_data=RETRIEVAL["external_data"],
+        sparse_top_k=RETRIEVAL["sparse_top_k"],
     threads: threads_for("retrieval_export")
     log:
         "logs/retrieval/retrieval_export.log",
@@ -104,7 +105,7 @@ rule retrieval_export:
         "encoder-study retrieval export --source {input.source:q} {params.heads}"
         " --out-dir {output.model:q} --parity {output.parity:q} --markdown {output.markdown:q}"
         " --opset {params.opset} --tolerance {params.tolerance} --ort-optimization {params.optimization}"
-        " --external-data {params.external_data} --threads {threads}"
+        " --external-data {params.external_data} --sparse-top-k {params.sparse_top_k} --threads {threads}"
         " --provenance {output.prov:q} > {log:q} 2>&1"
 
 

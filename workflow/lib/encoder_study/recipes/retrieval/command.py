@@ -50,7 +50,8 @@ def export(args) -> int:
     from .heads import HEAD_FILES
 
     settings = graph.Settings(opset=args.opset, tolerance=args.tolerance, threads=args.threads,
-                              ort_optimization=args.ort_optimization, external_data=args.external_data)
+                              ort_optimization=args.ort_optimization, external_data=args.external_data,
+                              sparse_top_k=args.sparse_top_k)
     out_dir = Path(args.out_dir)
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=args.threads) as frag:
         frag.inputs.append(args.source)
@@ -161,6 +162,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--ort-optimization", required=True, help="offline: disable, basic or extended")
     p.add_argument("--external-data", required=True, help="auto (graphs over 2 GiB), always or never")
+    p.add_argument("--sparse-top-k", type=int, required=True,
+                   help="0: the three outputs; k > 0: also sparse_top_ids and sparse_top_weights, each "
+                   "text's k largest (id, weight) pairs, checked against the vocabulary-wide row")
 
     p = sub.add_parser("verify", help="check every file a manifest lists; status 1 naming each difference")
     p.set_defaults(run=verify)
