@@ -22,7 +22,8 @@ DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
 PROFILE = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())
 # The rules that time something: all of the workflow's cores locally; on a cluster, a node of their own.
-TIMED = {"parity_latency", "tagging_step_time", "writeback_speed", "benchmarks_encoders"}
+TIMED = {"parity_latency", "tagging_step_time", "writeback_speed", "benchmarks_encoders",
+         "writeback_quantisation_speed", "benchmarks_retrieval"}
 
 # Each rule as Snakemake reads it (through its API; the executor is not known there): whether it runs on
 # the submitting host (Workflow.is_local: a localrule, or a rule that runs nothing) and its resources. One
@@ -141,7 +142,8 @@ def test_a_resources_entry_for_a_rule_that_reads_none_is_refused(dry_runs):
 
 
 def test_timed_rules_take_the_workflow_cores_locally_and_their_config_threads_on_a_cluster(dry_runs):
-    on_cluster = {"parity_latency": 3, "tagging_step_time": 5, "writeback_speed": 6, "benchmarks_encoders": 7}
+    on_cluster = {"parity_latency": 3, "tagging_step_time": 5, "writeback_speed": 6, "benchmarks_encoders": 7,
+                  "writeback_quantisation_speed": 6, "benchmarks_retrieval": 7}
     jobs = _jobs(dry_runs["cluster"])  # with THREADS and 64 cores
     assert TIMED <= {name for name, _, _ in jobs}
     for name, threads, resources in jobs:

@@ -64,6 +64,7 @@ def built(tiny_exports, models_dir, tmp_path_factory):
             "--out-dir", str(base / "model"),
             "--parity", str(base / "parity.csv"), "--markdown", str(base / "parity.md"),
             "--opset", "18", "--tolerance", "1e-4", "--ort-optimization", "basic", "--external-data", "auto",
+            "--sparse-top-k", "0",
             "--threads", "1", "--provenance", str(prov / "retrieval_export.md")) == 0
     (exported,) = returned
     return {"base": base, "source": source, "model": base / "model", "heads": base / "heads",
@@ -299,6 +300,28 @@ def test_external_data_graph_is_published_whole(built, tmp_path):
     assert [p for p in verify(out, retrieval.MANIFEST) if retrieval.DATA_FILE in p]
 
 
+def test_the_compact_sparse_output_is_the_rows_top_k_in_the_same_graph(built, tmp_path):
+    out = tmp_path / "compact"
+    record, rows, _ = retrieval.export_graph(built["source"], built["heads"], out,
+                                             dataclasses.replace(SETTINGS, sparse_top_k=5))
+    assert record["compact_sparse"]["top_k"] == 5 and all(r["allclose"] for r in rows)
+    assert record["exporter"]["outputs"]["sparse_top_ids"] == {"dtype": "int64", "shape": ["batch", 5]}
+    session = onnxruntime.InferenceSession(str(out / ONNX_FILE), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == [*OUTPUTS, *graph.COMPACT_OUTPUTS]
+    case = next(c for c in parity_cases(out / TOKENIZER_FILE, reference.load_pytorch(
+        reference.source_dir(built["source"])[0]).config) if c.name == "batch")
+    sparse, ids, weights = session.run(["sparse", *graph.COMPACT_OUTPUTS],
+                                       {"input_ids": case.input_ids, "attention_mask": case.attention_mask})
+    for row in range(sparse.shape[0]):
+        top = sorted(sparse[row][sparse[row] > 0], reverse=True)[:5]
+        assert weights[row].tolist() == pytest.approx(top + [0.0] * (5 - len(top)), abs=0)
+        assert sparse[row, ids[row]].tolist() == weights[row].tolist()
+    # The default graph has the seed's three outputs, and its manifest says nothing of a compact one.
+    assert "compact_sparse" not in built["returned"][0]
+    default = onnx.load(str(built["model"] / ONNX_FILE), load_external_data=False)
+    assert [o.name for o in default.graph.output] == list(OUTPUTS)
+
+
 def test_a_failed_check_publishes_nothing(built, tmp_path):
     out = tmp_path / "strict" / "model"
     with pytest.raises(RetrievalError, match="nothing was written"):
@@ -440,3 +463,61 @@ def test_flagembedding_reads_the_models_tokenizer_as_it_is(parts, tmp_path):
         embedder = flagembedding.load(directory, 128)
         with pytest.raises(RetrievalError, match=f"case multilingual, text {thai}: FlagEmbedding's tok"):
             flagembedding.outputs(embedder, multilingual, 128, parts["encoder"].config.vocab_size)
+
+
+# -- the int8 variant (issue 35) ------------------------------------------------------------------------
+
+GATE = {"min-dense-cosine": "0.99", "min-sparse-top10": "0.8", "min-sparse-correlation": "0.95",
+        "min-colbert-cosine": "0.9", "min-colbert-cosine-p5": "0.95"}
+
+
+def _quantise(built, out: Path, capsys, **gate) -> tuple[int, list[str]]:
+    options = [x for k, v in {**GATE, **gate}.items() for x in (f"--quantisation-{k}", v)]
+    status = command("quantisation", "--model-dir", str(built["model"]), "--source", str(built["source"]),
+                     "--heads-dir", str(built["heads"]), "--quantisation-per-channel",
+                     "--quantisation-embeddings", *options, "--threads", "1", "--out-dir", str(out / "int8"),
+                     "--out", str(out / "quantisation.csv"),
+                     "--provenance", str(out / "prov" / "retrieval_quantisation.md"))
+    return status, capsys.readouterr().out.splitlines()
+
+
+def test_the_int8_variant_is_published_with_its_manifest_and_refused_when_damaged(built, tmp_path, capsys):
+    status, said = _quantise(built, tmp_path, capsys)
+    assert status == 0 and said == [f"retrieval int8 variant published in {tmp_path / 'int8'}"]
+    folder = tmp_path / "int8"
+    assert verify(folder, retrieval.MANIFEST) == []
+    manifest = json.loads((folder / retrieval.MANIFEST).read_text(encoding="utf-8"))
+    listed = {e["path"]: e["sha256"] for e in manifest["files"]}
+    assert listed[ONNX_FILE] == manifest["variant"]["quantisation"]["sha256"]
+    assert listed[ONNX_FILE] == files.sha256_file(folder / ONNX_FILE)
+    assert manifest["optimization"]["external_data"] is False
+    assert not (folder / (ONNX_FILE + ".data")).exists()
+    ops = {n.op_type for n in onnx.load(str(folder / ONNX_FILE)).graph.node}
+    assert {"MatMulInteger", "DequantizeLinear"} <= ops
+    rows = tables.read_csv(tmp_path / "quantisation.csv")
+    cases = built["returned"][0]["check"]["cases"]
+    assert len(rows) == 2 * len(cases) and {r["reference"] for r in rows} == {"float32", "flagembedding"}
+    # The fragment lists the variant's files with their SHA-256 (what the run crate lists).
+    from encoder_study.provenance import twin
+    from encoder_study.provenance.records import read_record
+
+    record = read_record(twin(tmp_path / "prov" / "retrieval_quantisation.md"))
+    outputs = {Path(f["path"]).name: f["sha256"] for f in record["files"] if f["role"] == "output"
+               and Path(f["path"]).parent.name == "int8"}
+    assert outputs[ONNX_FILE] == listed[ONNX_FILE] and retrieval.MANIFEST in outputs
+    # A damaged int8 graph is refused like any export's, naming the file.
+    data = bytearray((folder / ONNX_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (folder / ONNX_FILE).write_bytes(bytes(data))
+    (problem,) = verify(folder, retrieval.MANIFEST)
+    assert f"{folder / ONNX_FILE} changed" in problem
+
+
+def test_an_int8_variant_over_a_threshold_is_refused_in_one_line(built, tmp_path, capsys):
+    status, said = _quantise(built, tmp_path, capsys, **{"min-dense-cosine": "1.01"})
+    assert status == 0 and len(said) == 1
+    assert said[0].startswith("retrieval int8 variant not published: case english against float32: "
+                              "dense_cos_min") and "min_dense_cosine 1.01" in said[0]
+    assert not any((tmp_path / "int8").iterdir())
+    assert {r["published"] for r in tables.read_csv(tmp_path / "quantisation.csv")} == {"False"}
+

@@ -46,10 +46,40 @@ rule benchmarks_encoders:
         " > {log:q} 2>&1"
 
 
-register("benchmarks", [rules.benchmarks_encoders.output.prov])
+# The retrieval graph, float32 and its int8 variant (as retrieval_quantisation gated it), in texts and
+# tokens per second at benchmarks.retrieval_threads, beside the GEMM probe.
+rule benchmarks_retrieval:
+    input:
+        model=rules.retrieval_export.output.model,
+        table=rules.retrieval_quantisation.output.table,
+        texts=rules.parity_select.output.texts,
+        code=lib_code("benchmarks", "retrieval"),
+    output:
+        table="results/benchmarks/retrieval.csv",
+        markdown="results/benchmarks/retrieval.md",
+        prov=prov("benchmarks", "benchmarks_retrieval"),
+    params:
+        batch=BENCHMARKS["batch"],
+        thread_counts=" ".join(str(n) for n in BENCHMARKS["retrieval_threads"]),
+        min_seconds=config["timing"]["min_seconds"],
+    # Timed: every slot the workflow has locally (common.smk, timed_threads).
+    threads: timed_threads("benchmarks_retrieval", "benchmarks.threads")
+    log:
+        "logs/benchmarks/benchmarks_retrieval.log",
+    resources: **resources_of("benchmarks_retrieval")
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study benchmarks retrieval --model-dir {input.model:q} --table {input.table:q}"
+        " --texts {input.texts:q} --batch {params.batch} --thread-counts {params.thread_counts}"
+        " --min-seconds {params.min_seconds} --out {output.table:q} --provenance {output.prov:q} > {log:q} 2>&1"
+
+
+register("benchmarks", [rules.benchmarks_encoders.output.prov, rules.benchmarks_retrieval.output.prov])
 
 
 rule benchmarks:
     input:
         rules.benchmarks_encoders.output.table,
+        rules.benchmarks_retrieval.output.table,
         recipe_target("benchmarks"),

@@ -6,6 +6,8 @@
 # recipe's own is acquired by `encoder-study export acquire` (library encoder_study.recipes.export.acquire), as the
 # export recipe does.
 
+from encoder_study.recipes.retrieval.settings import Quantisation as RetrievalQuantisation
+
 RETRIEVAL = config["retrieval"]
 RANDOM_HEADS = RETRIEVAL["heads"] == "random"
 
@@ -90,6 +92,7 @@ rule retrieval_export:
         tolerance=RETRIEVAL["tolerance"],
         optimization=RETRIEVAL["ort_optimization"],
         external_data=RETRIEVAL["external_data"],
+        sparse_top_k=RETRIEVAL["sparse_top_k"],
     threads: threads_for("retrieval_export")
     log:
         "logs/retrieval/retrieval_export.log",
@@ -102,7 +105,7 @@ rule retrieval_export:
         "encoder-study retrieval export --source {input.source:q} {params.heads}"
         " --out-dir {output.model:q} --parity {output.parity:q} --markdown {output.markdown:q}"
         " --opset {params.opset} --tolerance {params.tolerance} --ort-optimization {params.optimization}"
-        " --external-data {params.external_data} --threads {threads}"
+        " --external-data {params.external_data} --sparse-top-k {params.sparse_top_k} --threads {threads}"
         " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
@@ -123,9 +126,43 @@ rule retrieval_verify:
         " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
+# Int8 variant (issue 35): the published graph quantised by ONNX Runtime's quantize_dynamic, checked on the
+# cases against float32 and FlagEmbedding, published into results/retrieval/int8/ only within
+# retrieval.quantisation's thresholds (else the folder stays empty and the table says why).
+rule retrieval_quantisation:
+    input:
+        model=rules.retrieval_export.output.model,
+        source=RETRIEVAL_SOURCE,
+        heads=[rules.retrieval_heads.output.colbert, rules.retrieval_heads.output.sparse] if RANDOM_HEADS else [],
+        code=lib_code("retrieval", "quantisation"),
+    output:
+        variant=directory("results/retrieval/int8"),
+        table=result("retrieval_quantisation"),
+        markdown="results/retrieval/quantisation.md",
+        prov=prov("retrieval", "retrieval_quantisation"),
+    params:
+        heads=lambda wildcards, input: (
+            f"--heads-dir {os.path.dirname(input.heads[0])}" if input.heads else ""
+        ),
+        quantisation=flags(RetrievalQuantisation, RETRIEVAL["quantisation"], "quantisation"),
+    threads: threads_for("retrieval_quantisation")
+    log:
+        "logs/retrieval/retrieval_quantisation.log",
+    benchmark:
+        "results/benchmarks/retrieval_quantisation/retrieval.tsv"
+    resources: **resources_of("retrieval_quantisation")
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study retrieval quantisation --model-dir {input.model:q} --source {input.source:q}"
+        " {params.heads} {params.quantisation} --threads {threads} --out-dir {output.variant:q}"
+        " --out {output.table:q} --provenance {output.prov:q} > {log:q} 2>&1"
+
+
 register("retrieval", RETRIEVAL_ACQUIRED
          + ([rules.retrieval_heads.output.prov] if RANDOM_HEADS else [])
-         + [rules.retrieval_export.output.prov, rules.retrieval_verify.output.prov])
+         + [rules.retrieval_export.output.prov, rules.retrieval_verify.output.prov,
+            rules.retrieval_quantisation.output.prov])
 
 
 rule retrieval:
@@ -133,4 +170,5 @@ rule retrieval:
         rules.retrieval_export.output.model,
         rules.retrieval_export.output.parity,
         rules.retrieval_export.output.markdown,
+        rules.retrieval_quantisation.output.table,
         recipe_target("retrieval"),

@@ -6,6 +6,8 @@
 # (encoder_study.recipes.writeback.command); library encoder_study.recipes.writeback (over encoder_study.onnx.patch,
 # encoder_study.onnx.names and encoder_study.recipes.tagging.pipeline).
 
+from encoder_study.recipes.tagging.variants import Quantisation
+
 WRITEBACK = config["writeback"]
 # The upos runs: the write-back tables (agreement, speed) are UPOS's; another task's run is not written.
 FINETUNED_RUNS = [r for r in RUN_NAMES if RUNS[r]["mode"] == "finetuned" and RUNS[r]["task"] == "upos"]
@@ -166,12 +168,89 @@ rule writeback_speed_plot:
         " --provenance {output.prov:q} > {log:q} 2>&1"
 
 
+# Int8 variants (issue 35): every written run's graph quantised by ONNX Runtime's quantize_dynamic, measured
+# against the float32 graph on dev, test and the extra test sets, and published into <run>/int8/ only
+# within writeback.quantisation's thresholds (else the folder stays empty and the table says why).
+QUANTISATION = WRITEBACK["quantisation"]
+QUANTISATION_SPLITS = {"dev": TREEBANK["dev"], "test": TREEBANK["test"], **EXTRA}
+
+
+rule writeback_quantisation:
+    input:
+        written=expand(rules.writeback_pipeline.output.pipeline, run=WRITEBACK_RUNS),
+        graphs=expand(rules.writeback_pipeline.output.graph, run=WRITEBACK_RUNS),
+        models=WRITEBACK_INPUTS["models"],
+        splits=list(QUANTISATION_SPLITS.values()),
+        code=lib_code("writeback", "quantisation"),
+    output:
+        table=result("writeback_quantisation"),
+        markdown="results/writeback/quantisation.md",
+        variants=[directory(f"results/writeback/{run}/int8") for run in WRITEBACK_RUNS],
+        prov=prov("writeback", "writeback_quantisation"),
+    params:
+        runs=lambda wc, input, output: " ".join(
+            f"--run {shlex.quote(run)} {shlex.quote(written)} {shlex.quote(folder)}"
+            for run, written, folder in zip(WRITEBACK_RUNS, input.written, output.variants, strict=True)),
+        splits=" ".join(f"--split {shlex.quote(name)} {shlex.quote(path)}"
+                        for name, path in QUANTISATION_SPLITS.items()),
+        bootstrap=BOOTSTRAP,
+        quantisation=flags(Quantisation, QUANTISATION, "quantisation"),
+    threads: threads_for("writeback_quantisation")
+    log:
+        "logs/writeback/writeback_quantisation.log",
+    benchmark:
+        "results/benchmarks/writeback_quantisation.tsv"
+    resources: **resources_of("writeback_quantisation")
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study writeback quantisation {params.runs} {params.splits} {params.bootstrap}"
+        " {params.quantisation} --threads {threads} --out {output.table:q}"
+        " --provenance {output.prov:q} > {log:q} 2>&1"
+
+
+rule writeback_quantisation_speed:
+    input:
+        **WRITEBACK_INPUTS_OF(SPEED_RUNS),
+        table=rules.writeback_quantisation.output.table,
+        test=TREEBANK["test"],
+        code=lib_code("writeback", "quantisation-speed"),
+    output:
+        table=result("writeback_quantisation_speed"),
+        markdown="results/writeback/quantisation_speed.md",
+        prov=prov("writeback", "writeback_quantisation_speed"),
+    params:
+        runs=lambda wc, input: " ".join(f"--run {shlex.quote(run)} {shlex.quote(written)}"
+                                        for run, written in zip(SPEED_RUNS, input.written, strict=True)),
+        thread_counts=" ".join(str(n) for n in QUANTISATION["thread_counts"]),
+        sentences=WRITEBACK["speed_sentences"],
+        batch_pieces=WRITEBACK["speed_batch_pieces"],
+        warmup=WRITEBACK["speed_warmup"],
+        repeats=WRITEBACK["speed_repeats"],
+        min_seconds=config["timing"]["min_seconds"],
+    # Timed: every slot the workflow has locally (common.smk, timed_threads), as writeback_speed.
+    threads: timed_threads("writeback_quantisation_speed", "writeback.threads")
+    log:
+        "logs/writeback/writeback_quantisation_speed.log",
+    benchmark:
+        "results/benchmarks/writeback_quantisation_speed.tsv"
+    resources: **resources_of("writeback_quantisation_speed")
+    conda:
+        CONDA_ENV
+    shell:
+        "encoder-study writeback quantisation-speed {params.runs} --table {input.table:q} --test {input.test:q}"
+        " --sentences {params.sentences} --batch-pieces {params.batch_pieces} --warmup {params.warmup}"
+        " --repeats {params.repeats} --min-seconds {params.min_seconds} --thread-counts {params.thread_counts}"
+        " --out {output.table:q} --provenance {output.prov:q} > {log:q} 2>&1"
+
+
 if WRITEBACK_RUNS:
     # The runs' training fragments first: the recipe's PROVENANCE.md then shows where the weights came from.
     register("writeback", expand(rules.tagging_train.output.prov, run=WRITEBACK_RUNS)
              + expand(rules.writeback_pipeline.output.prov, run=WRITEBACK_RUNS)
              + [rules.writeback_parity.output.prov, rules.writeback_agreement.output.prov,
-                rules.writeback_speed.output.prov, rules.writeback_speed_plot.output.prov])
+                rules.writeback_speed.output.prov, rules.writeback_speed_plot.output.prov,
+                rules.writeback_quantisation.output.prov, rules.writeback_quantisation_speed.output.prov])
 
 
 rule writeback:
@@ -179,4 +258,5 @@ rule writeback:
         # Nothing to do when the config has no fine-tuned run.
         [rules.writeback_parity.output.table, rules.writeback_agreement.output.table,
          rules.writeback_speed.output.table, rules.writeback_speed_plot.output.plot,
+         rules.writeback_quantisation.output.table, rules.writeback_quantisation_speed.output.table,
          recipe_target("writeback")] if WRITEBACK_RUNS else [],

@@ -97,9 +97,16 @@ RESULTS: dict[str, Result] = {
     "writeback_speed": Result("results/writeback/speed.csv", "writeback/speed.rst", "all runs",
                               "Write-back speed"),
     "writeback_speed_plot": Result("results/writeback/speed.png", "writeback/speed_plot.rst", "all runs"),
+    "writeback_quantisation": Result("results/writeback/quantisation.csv", "writeback/quantisation.rst",
+                                     "all runs", "Int8 variants"),
+    "writeback_quantisation_speed": Result("results/writeback/quantisation_speed.csv",
+                                           "writeback/quantisation_speed.rst", "all runs",
+                                           "Int8 variants: speed"),
     # retrieval
     "retrieval_parity": Result("results/retrieval/parity.csv", "retrieval/parity.rst", "retrieval graph",
                                "Retrieval parity", ("max_abs", "allclose", "tolerance")),
+    "retrieval_quantisation": Result("results/retrieval/quantisation.csv", "retrieval/quantisation.rst",
+                                     "retrieval graph", "Retrieval int8 variant"),
     # rehearsal
     "rehearsal_resources": Result("results/rehearsal/resources.csv", "rehearsal/resources.rst", "resources"),
     # preflight (outside `all`: checks before the cluster)

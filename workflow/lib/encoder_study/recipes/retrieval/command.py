@@ -1,5 +1,5 @@
-"""`encoder-study retrieval heads|export|verify`: the three-head retrieval graph (library: the package
-retrieval).
+"""`encoder-study retrieval heads|export|verify|quantisation`: the three-head retrieval graph (library: the
+package retrieval).
 
     encoder-study retrieval heads --source results/retrieval/source/source.json --seed 0 \\
         --out-dir results/retrieval/heads --provenance P
@@ -8,6 +8,9 @@ retrieval).
         --markdown results/retrieval/parity.md --opset 18 --tolerance 1e-4 --ort-optimization basic \\
         --external-data auto --threads 1 --provenance P
     encoder-study retrieval verify results/retrieval/model --manifest retrieval.json --provenance P
+    encoder-study retrieval quantisation --model-dir results/retrieval/model --source S \\
+        --heads-dir results/retrieval/heads --quantisation-per-channel ... --threads 1 \\
+        --out-dir results/retrieval/int8 --out results/retrieval/quantisation.csv --provenance P
 
 A model of the recipe's own is acquired by `encoder-study export acquire`, as every other model.
 """
@@ -47,7 +50,8 @@ def export(args) -> int:
     from .heads import HEAD_FILES
 
     settings = graph.Settings(opset=args.opset, tolerance=args.tolerance, threads=args.threads,
-                              ort_optimization=args.ort_optimization, external_data=args.external_data)
+                              ort_optimization=args.ort_optimization, external_data=args.external_data,
+                              sparse_top_k=args.sparse_top_k)
     out_dir = Path(args.out_dir)
     with provenance.Fragment(args.provenance, provenance.settings(args), threads=args.threads) as frag:
         frag.inputs.append(args.source)
@@ -117,6 +121,21 @@ def verify(args) -> int:
     return 0
 
 
+def quantisation(args) -> int:
+    from ...core import settings
+    from . import quantise
+    from .settings import Quantisation
+
+    gate = settings.from_args(Quantisation, args, "quantisation")
+    recorded = settings.recorded(provenance.settings(args), Quantisation, "quantisation")
+    with provenance.Fragment(args.provenance, recorded, threads=args.threads) as frag:
+        done = frag.add(quantise.quantisation(args.model_dir, args.source, args.heads_dir, gate, args.out_dir,
+                                              args.out, args.threads))
+    for line in done.said:
+        print(line)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(prog="encoder-study retrieval",
                                      description="the three-head retrieval graph: heads, export, verify")
@@ -143,6 +162,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--ort-optimization", required=True, help="offline: disable, basic or extended")
     p.add_argument("--external-data", required=True, help="auto (graphs over 2 GiB), always or never")
+    p.add_argument("--sparse-top-k", type=int, required=True,
+                   help="0: the three outputs; k > 0: also sparse_top_ids and sparse_top_weights, each "
+                   "text's k largest (id, weight) pairs, checked against the vocabulary-wide row")
 
     p = sub.add_parser("verify", help="check every file a manifest lists; status 1 naming each difference")
     p.set_defaults(run=verify)
@@ -150,4 +172,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("dirs", nargs="+", help="results/retrieval/model")
     p.add_argument("--manifest", required=True, help="the manifest's name: retrieval.json (export.json for "
                    "plain exports)")
+
+    from ...core import settings
+    from .settings import Quantisation
+
+    p = sub.add_parser("quantisation", help="the graph's int8 variant: checked against float32 and "
+                       "FlagEmbedding, published within the thresholds")
+    p.set_defaults(run=quantisation)
+    provenance.add_arguments(p)
+    p.add_argument("--model-dir", required=True, help="results/retrieval/model (the float32 graph)")
+    p.add_argument("--source", required=True, help="the model's source.json (FlagEmbedding reads it)")
+    p.add_argument("--heads-dir", help="colbert_linear.pt and sparse_linear.pt (absent: the model's own)")
+    settings.add_options(p.add_argument_group("quantisation"), Quantisation, "quantisation")
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--out-dir", required=True, help="results/retrieval/int8 (empty unless published)")
+    p.add_argument("--out", required=True, help="results/retrieval/quantisation.csv (a .md beside it)")
     return result

@@ -29,7 +29,16 @@ from ...onnx.runtime import ort_session
 from . import OUTPUTS, RetrievalError, flagembedding
 from .cases import Case, max_length, parity_cases
 from .check import PROJECT, compare, parity_markdown, reference
-from .graph import MIN_OPSET, OUTPUT_AXES, PER_HEAD_ATTENTION, REFERENCE_ATTENTION, RetrievalModel, attention
+from .graph import (
+    COMPACT_AXES,
+    COMPACT_OUTPUTS,
+    MIN_OPSET,
+    OUTPUT_AXES,
+    PER_HEAD_ATTENTION,
+    REFERENCE_ATTENTION,
+    RetrievalModel,
+    attention,
+)
 from .heads import Heads, ignored_ids, load_heads
 
 MANIFEST = "retrieval.json"
@@ -90,6 +99,7 @@ class Settings:
     threads: int
     ort_optimization: str  # applied offline (OFFLINE_OPTIMIZATIONS); the published graph is the optimised one
     external_data: str  # auto: only graphs too large for one protobuf; always; never
+    sparse_top_k: int = 0  # > 0: the compact sparse outputs too (graph.COMPACT_OUTPUTS)
 
 
 def _declare_outputs(path: Path, shapes: dict[str, list]) -> None:
@@ -166,6 +176,8 @@ def _check_settings(settings: Settings) -> None:
         raise RetrievalError(f"offline optimisation {settings.ort_optimization!r}: use one of "
                              f"{', '.join(OFFLINE_OPTIMIZATIONS)} (a graph saved after 'all' is tied to the "
                              "machine that made it)")
+    if settings.sparse_top_k < 0:
+        raise RetrievalError(f"sparse_top_k {settings.sparse_top_k}: 0 (no compact output) or a positive k")
     if settings.external_data not in EXTERNAL_DATA:
         raise RetrievalError(f"external data {settings.external_data!r}: use one of "
                              f"{', '.join(EXTERNAL_DATA)}")
@@ -173,13 +185,14 @@ def _check_settings(settings: Settings) -> None:
 
 
 
-def _trace(encoder: torch.nn.Module, heads: Heads, ignored: list[int], case: Case, raw: Path, opset: int
-           ) -> None:
+def _trace(encoder: torch.nn.Module, heads: Heads, ignored: list[int], case: Case, raw: Path, opset: int,
+           top_k: int = 0) -> None:
     """The three-head graph, traced on `case` with attention one head at a time, as `raw` (and, over
     2 GiB, its weights as files beside it, one per tensor; `_write_graph` gathers them)."""
-    graph = RetrievalModel(encoder, heads, encoder.config.vocab_size, ignored).eval()
+    graph = RetrievalModel(encoder, heads, encoder.config.vocab_size, ignored, top_k).eval()
+    axes = {**OUTPUT_AXES, **(COMPACT_AXES if top_k else {})}
     with attention(encoder, PER_HEAD_ATTENTION):
-        checked_export.trace(graph, (case.input_ids, case.attention_mask), raw, opset, OUTPUT_AXES,
+        checked_export.trace(graph, (case.input_ids, case.attention_mask), raw, opset, axes,
                              external_data=True)
 
 
@@ -219,6 +232,27 @@ def _check_cases(path: Path, cases: list[Case], wants: list, tolerance: float, t
                              f"{len(failed)} of {len(rows)} comparisons; nothing was written:\n"
                              + parity_markdown(rows))
     return rows
+
+
+def check_compact(path: Path, cases: list[Case], top_k: int, threads: int) -> dict:
+    """The compact outputs against the graph's own vocabulary-wide row, every case: the weights are the
+    row's k largest, in order, and each id's weight in the row is the weight given beside it (ties may
+    list other ids of an equal weight); RetrievalError otherwise. Its record for the manifest."""
+    import numpy as np
+
+    session = ort_session(path, threads, CHECK_OPTIMIZATION)
+    for case in cases:
+        feeds = {"input_ids": case.input_ids, "attention_mask": case.attention_mask}
+        sparse, ids, weights = session.run(["sparse", *COMPACT_OUTPUTS], feeds)
+        expected = -np.sort(-sparse, axis=-1)[:, :top_k]
+        at_ids = np.take_along_axis(sparse, ids, axis=-1)
+        if ids.shape != (sparse.shape[0], top_k) or not (np.array_equal(weights, expected)
+                                                          and np.array_equal(at_ids, weights)):
+            raise RetrievalError(f"case {case.name}: the compact sparse output is not the row's top {top_k} "
+                                 "(ids and weights); nothing was written")
+    return {"outputs": list(COMPACT_OUTPUTS), "top_k": top_k, "operator": "TopK over the sparse row",
+            "check": "on every case: weights equal the row's k largest, and the row at each id equals its "
+                     "weight"}
 
 
 @dataclass
@@ -268,13 +302,15 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
         theirs = None
     width, dim, vocab = int(config.hidden_size), int(heads.colbert.out_features), int(config.vocab_size)
     shapes = {"dense": ["batch", width], "sparse": ["batch", vocab], "colbert": ["batch", "sequence", dim]}
+    if settings.sparse_top_k:
+        shapes |= dict.fromkeys(COMPACT_OUTPUTS, ["batch", settings.sparse_top_k])
     with files.staging_dir(out_dir) as stage:
         raw, publish = stage / "raw" / ONNX_FILE, stage / "model"
         raw.parent.mkdir()
         publish.mkdir()
         with memory.phase("export to ONNX (TorchScript tracer)"):
             batch = next(c for c in parts.cases if c.name == "batch")
-            _trace(encoder, heads, ids, batch, raw, settings.opset)
+            _trace(encoder, heads, ids, batch, raw, settings.opset, settings.sparse_top_k)
             del encoder  # the heads stay (small; their shapes go into the manifest)
             gc.collect()
         with memory.phase("optimise, check and save the graph"):
@@ -283,9 +319,14 @@ def export_graph(source_json: str | os.PathLike, heads_dir: str | os.PathLike | 
         with memory.phase("check the graph in ONNX Runtime, case by case"):
             rows = _check_cases(publish / ONNX_FILE, parts.cases, wants, settings.tolerance, threads,
                                 source["model"])
+            compact = (check_compact(publish / ONNX_FILE, parts.cases, settings.sparse_top_k, threads)
+                       if settings.sparse_top_k else None)
         shutil.copyfile(model_dir / "tokenizer.json", publish / TOKENIZER_FILE)
         shutil.copyfile(model_dir / "config.json", publish / CONFIG_FILE)
         record = _record(source, parts, heads_dir, shapes, settings, external, rows)
+        if compact is not None:  # only then: the default graph's manifest stays as it was
+            record["compact_sparse"] = compact
+            record["exporter"]["outputs"][COMPACT_OUTPUTS[0]]["dtype"] = "int64"
         record["files"] = [files.file_record(p, publish) for p in files.list_files(publish)]
         files.write_json(publish / MANIFEST, record)
         files.replace_dir(publish, out_dir)

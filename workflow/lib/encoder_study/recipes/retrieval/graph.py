@@ -26,6 +26,10 @@ from .heads import Heads
 MIN_OPSET = 18
 # The outputs' dynamic axes, in OUTPUTS' order (the inputs' are every export's).
 OUTPUT_AXES = {"dense": {0: "batch"}, "sparse": {0: "batch"}, "colbert": {0: "batch", 1: "sequence"}}
+# The optional compact sparse output (retrieval.sparse_top_k > 0): each text's k largest (id, weight)
+# pairs of the vocabulary-wide row, computed inside the same graph (TopK), after the three outputs.
+COMPACT_OUTPUTS = ("sparse_top_ids", "sparse_top_weights")
+COMPACT_AXES = {name: {0: "batch"} for name in COMPACT_OUTPUTS}
 
 
 class _ScatterMax(torch.autograd.Function):
@@ -91,10 +95,14 @@ def attention(encoder: torch.nn.Module, implementation: str):
 
 
 class RetrievalModel(torch.nn.Module):
-    """`forward(input_ids, attention_mask) -> (dense, sparse, colbert)`: the module that is exported."""
+    """`forward(input_ids, attention_mask) -> (dense, sparse, colbert)`: the module that is exported; with
+    `top_k` > 0 also (sparse_top_ids, sparse_top_weights), the k largest weights of each row and their ids
+    (ties in TopK's order; a text with fewer than k ids above 0 fills the rest with weight 0)."""
 
-    def __init__(self, encoder: torch.nn.Module, heads: Heads, vocab_size: int, ignored: list[int]):
+    def __init__(self, encoder: torch.nn.Module, heads: Heads, vocab_size: int, ignored: list[int],
+                 top_k: int = 0):
         super().__init__()
+        self.top_k = int(top_k)
         self.encoder = HiddenStates(encoder)
         self.colbert = heads.colbert
         self.sparse = heads.sparse
@@ -111,5 +119,8 @@ class RetrievalModel(torch.nn.Module):
         base = torch.zeros(input_ids.shape[0], self.vocab_size, dtype=weights.dtype)
         sparse = _ScatterMax.apply(base, input_ids, weights) * self.keep
         colbert = torch.nn.functional.normalize(self.colbert(hidden), dim=-1) * mask.unsqueeze(-1)
+        if self.top_k:
+            weights, ids = torch.topk(sparse, self.top_k, dim=-1)
+            return dense, sparse, colbert, ids, weights
         return dense, sparse, colbert
 

@@ -230,8 +230,9 @@ def step_time(args) -> int:
 
 def predict(args) -> int:
     from .predict import predict as tag_file
+    from .variants import resolve
 
-    done = tag_file(args.pipeline, args.input, args.out, input_format=args.format,
+    done = tag_file(resolve(args.pipeline, args.variant), args.input, args.out, input_format=args.format,
                     batch_sentences=args.batch_sentences, threads=args.threads,
                     score=_bootstrap(args) if args.score else None)
     rate = done.words / done.seconds if done.seconds > 0 else float("inf")

@@ -226,6 +226,9 @@ def _add_predict(sub, run) -> None:
                        "predictions equal the run's own .pred.conllu on the same input.")
     p.set_defaults(run=run["predict"])
     p.add_argument("--pipeline", required=True, help="a pipeline.safetensors")
+    p.add_argument("--variant", default=None, choices=["float32", "int8"],
+                   help="a written pipeline's published variant beside it (<folder>/int8/, made by "
+                   "`writeback quantisation`); default: the pipeline itself")
     p.add_argument("--input", required=True, help="the file to tag")
     p.add_argument("--out", required=True, help="the CoNLL-U file to write")
     p.add_argument("--format", default="conllu", choices=["conllu", "text"],

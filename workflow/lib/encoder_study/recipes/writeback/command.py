@@ -1,4 +1,5 @@
-"""`encoder-study writeback pipeline|parity|agreement|speed|speed-plot`: the writeback recipe's commands.
+"""`encoder-study writeback pipeline|parity|agreement|speed|speed-plot|quantisation|quantisation-speed`:
+the writeback recipe's commands.
 
     encoder-study writeback pipeline --inline results/tagging/R/pipeline.safetensors \\
         --out results/writeback/R/pipeline.safetensors --threads 1 --provenance provenance/writeback/...-R.md
@@ -11,6 +12,14 @@
         --batch-pieces 512 --warmup 1 --repeats 2 --min-seconds 2 --out results/writeback/speed.csv ...
     encoder-study writeback speed-plot --table results/writeback/speed.csv \\
         --out results/writeback/speed.png ...
+    encoder-study writeback quantisation --run R WRITTEN results/writeback/R/int8 [--run ...] \\
+        --split dev results/treebank/dev.conllu [--split ...] --bootstrap-resamples 10000 ... \\
+        --quantisation-no-per-channel --quantisation-max-upos-drop 0.3 \\
+        --quantisation-max-differing-percent 1 --threads 1 --out results/writeback/quantisation.csv ...
+    encoder-study writeback quantisation-speed --run R WRITTEN [--run ...] \\
+        --table results/writeback/quantisation.csv --test ... --sentences 200 --batch-pieces 512 \\
+        --warmup 1 --repeats 3 --min-seconds 2 --thread-counts 1 2 \\
+        --out results/writeback/quantisation_speed.csv ...
 
 Argparse and wiring only; the stage is `recipes.writeback`, the defaults are the config schema's.
 """
@@ -22,6 +31,7 @@ import argparse
 from ... import provenance
 from ...core import settings
 from ..tagging.settings import Bootstrap
+from ..tagging.variants import Quantisation
 
 
 def _positive(text: str) -> int:
@@ -161,6 +171,53 @@ def speed_plot(args) -> int:
     return 0
 
 
+def _run(args, stage, threads: int | None = None) -> int:
+    """Run a stage (a function returning `provenance.Done`) inside the job's fragment, record what it
+    did, print its lines."""
+    recorded = settings.recorded(provenance.settings(args), Bootstrap, "bootstrap")
+    recorded = settings.recorded(recorded, Quantisation, "quantisation")
+    with provenance.Fragment(args.provenance, recorded, threads=threads) as frag:
+        done = frag.add(stage())
+    for line in done.said:
+        print(line)
+    return 0
+
+
+def quantisation(args) -> int:
+    from ...core.machine import usable_threads
+    from ...data import conllu
+    from . import quantise
+
+    threads = usable_threads(args.threads)
+
+    def stage():
+        splits = {name: conllu.read_conllu(path) for name, path in args.splits}
+        done = quantise.quantisation(args.runs, splits, settings.from_args(Bootstrap, args, "bootstrap"),
+                                     settings.from_args(Quantisation, args, "quantisation"), args.out,
+                                     threads)
+        done.inputs[:0] = [path for _, path in args.splits]
+        return done
+
+    return _run(args, stage, threads)
+
+
+def quantisation_speed(args) -> int:
+    from ...core.machine import usable_threads
+    from ...data import conllu
+    from . import quantise_speed
+
+    counts = sorted({usable_threads(n) for n in args.thread_counts})
+
+    def stage():
+        sentences = conllu.read_conllu(args.test)[:args.sentences]
+        done = quantise_speed.quantisation_speed(args.runs, args.table, sentences, args.batch_pieces, counts,
+                                                 args.warmup, args.repeats, args.min_seconds, args.out)
+        done.inputs.insert(0, args.test)
+        return done
+
+    return _run(args, stage, max(counts))
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="encoder-study writeback",
                                 description="Fine-tuned weights written into the graph, and checked.")
@@ -199,6 +256,37 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--min-seconds", type=float, required=True,
                            help="at least this many seconds of passes per implementation (and GEMM probe)")
         s.set_defaults(run=function)
+
+    s = sub.add_parser("quantisation", help="int8 variants of the written graphs: measured, gated, published")
+    provenance.add_arguments(s)
+    s.add_argument("--run", nargs=3, action="append", required=True, dest="runs",
+                   metavar=("NAME", "WRITTEN", "OUT_DIR"),
+                   help="a run's name, its written pipeline and the variant's folder (<run>/int8); repeat")
+    s.add_argument("--split", nargs=2, action="append", required=True, dest="splits",
+                   metavar=("NAME", "PATH"),
+                   help="a split measured (CoNLL-U with gold tags); repeat")
+    settings.add_options(s.add_argument_group("bootstrap"), Bootstrap, "bootstrap")
+    settings.add_options(s.add_argument_group("quantisation"), Quantisation, "quantisation")
+    s.add_argument("--threads", type=_positive, required=True)
+    s.add_argument("--out", required=True, help="results/writeback/quantisation.csv (a .md beside it)")
+    s.set_defaults(run=quantisation)
+
+    s = sub.add_parser("quantisation-speed", help="tagging tokens/s: float32 written graph vs int8 variant")
+    provenance.add_arguments(s)
+    s.add_argument("--run", nargs=2, action="append", required=True, dest="runs", metavar=("NAME", "WRITTEN"),
+                   help="a run's name and its written pipeline; repeat")
+    s.add_argument("--table", required=True, help="results/writeback/quantisation.csv (what was gated)")
+    s.add_argument("--test", required=True, help="the test split, CoNLL-U")
+    s.add_argument("--sentences", type=_positive, required=True, help="the first N test sentences")
+    s.add_argument("--batch-pieces", type=_positive, required=True, help="padded pieces per forward")
+    s.add_argument("--warmup", type=int, required=True, help="untimed passes first")
+    s.add_argument("--repeats", type=_positive, required=True, help="at least this many timed passes")
+    s.add_argument("--min-seconds", type=float, required=True,
+                   help="at least this many seconds of passes per graph (and GEMM probe)")
+    s.add_argument("--thread-counts", type=_positive, nargs="+", required=True,
+                   help="thread counts timed (each capped to the cores)")
+    s.add_argument("--out", required=True, help="results/writeback/quantisation_speed.csv (a .md beside it)")
+    s.set_defaults(run=quantisation_speed)
 
     s = sub.add_parser("speed-plot", help="the speed table as bars with their spread (no timing)")
     provenance.add_arguments(s)
