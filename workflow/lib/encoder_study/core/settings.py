@@ -71,11 +71,6 @@ def flags(cls, values: Mapping, prefix: str = "") -> str:
     return " ".join(out)
 
 
-def skip(cls, prefix: str = "") -> tuple[str, ...]:
-    """The argparse names of `cls`'s options, for a fragment that records the group apart."""
-    return tuple(_dest(prefix, f.name) for f in fields(cls))
-
-
 def recorded(values: dict, cls, prefix: str) -> dict:
     """A fragment's settings with `cls`'s options (`prefix`_field) gathered under the one name `prefix`."""
     names = {_dest(prefix, f.name): f.name for f in fields(cls)}

@@ -77,6 +77,14 @@ def _add_split_arguments(p: argparse.ArgumentParser, split_help: str | None, ext
     p.add_argument("--extra", type=_extra, action="append", default=[], help=extra_help)
 
 
+def _add_download(p, url_help: str | None, out_help: str) -> None:
+    """A download's options (data.fetch, tagging.spacy_fetch): what, the pin, where to, the timeout."""
+    p.add_argument("--url", required=True, help=url_help)
+    p.add_argument("--sha256", required=True, help="pinned SHA-256; empty: record it instead")
+    p.add_argument("--out", required=True, help=out_help)
+    p.add_argument("--timeout", type=float, required=True, help="seconds without data, then give up")
+
+
 def _add_treebank_commands(sub, run) -> None:
     """treebank, ood, fetch: the treebank's files."""
     p = _rule_command(sub, "treebank", "write the synthetic treebank's train/dev/test CoNLL-U files",
@@ -96,10 +104,7 @@ def _add_treebank_commands(sub, run) -> None:
     p = _rule_command(sub, "fetch", "download one split of a UD treebank (URL, file:// URL, path), check it",
                       run["fetch"])
     p.add_argument("--split", required=True, help="train, dev, test, or an extra test set's name")
-    p.add_argument("--url", required=True)
-    p.add_argument("--sha256", required=True, help="pinned SHA-256; empty: record it instead")
-    p.add_argument("--out", required=True, help="the local .conllu file to write")
-    p.add_argument("--timeout", type=float, required=True, help="seconds without data, then give up")
+    _add_download(p, None, "the local .conllu file to write")
 
 
 def _add_train(sub, run) -> None:
@@ -141,10 +146,7 @@ def _add_spacy(sub, run) -> None:
     """spacy-fetch and spacy: the external baseline, a spaCy pipeline on the treebank's words."""
     p = _rule_command(sub, "spacy-fetch", "download a published spaCy pipeline's wheel (URL or path), check "
                       "it", run["spacy-fetch"])
-    p.add_argument("--url", required=True, help="the wheel: release asset URL, file:// URL or path")
-    p.add_argument("--sha256", required=True, help="pinned SHA-256; empty: record it instead")
-    p.add_argument("--out", required=True, help="the local .whl file to write")
-    p.add_argument("--timeout", type=float, required=True, help="seconds without data, then give up")
+    _add_download(p, "the wheel: release asset URL, file:// URL or path", "the local .whl file to write")
 
     p = _rule_command(sub, "spacy", "tag the gold words of dev and test with a spaCy pipeline, score them",
                       run["spacy"])
