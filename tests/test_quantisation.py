@@ -204,3 +204,44 @@ def test_predict_tags_with_the_published_variant_and_says_when_there_is_none(wri
            str(written["test"])]
     assert tagging(*own, "--out", str(tmp_path / "own.conllu")) == 0
     assert (tmp_path / "int8.conllu").read_bytes() == (tmp_path / "own.conllu").read_bytes()
+
+
+def test_the_run_crate_lists_the_published_variant_with_its_sha256(written, tmp_path, monkeypatch):
+    """End to end, as `all` does it: the job run with paths relative to the working directory, then the
+    run crate built from its fragment lists every file of the int8 folder with the manifest's SHA-256."""
+    import shutil
+
+    from conftest import ROOT, runner
+    from encoder_study.provenance import crate
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("Snakefile", "LICENSE", "README.md", "CITATION.cff"):
+        shutil.copy2(ROOT / name, tmp_path / name)
+    run_dir = Path("results/writeback/bert-tiny")
+    run_dir.mkdir(parents=True)
+    for p in written["pipeline"].parent.iterdir():
+        if p.is_file():
+            shutil.copy2(p, run_dir / p.name)
+    model = Path("results/study0/models/bert-tiny")  # where the pipeline's relative reference leads
+    shutil.copytree((written["pipeline"].parent / "../../study0/models/bert-tiny").resolve(), model)
+    assert (run_dir / "../../study0/models/bert-tiny").resolve() == model.resolve()
+    shutil.copy2(written["test"], "test.conllu")
+    fragment = "provenance/writeback/writeback_quantisation.md"
+    assert command(
+        "quantisation", "--run", "bert-tiny", str(run_dir / pipeline.FILE_NAME), str(run_dir / "int8"),
+        "--split", "test", "test.conllu", "--bootstrap-resamples", "50", "--bootstrap-seed", "0",
+        "--bootstrap-confidence", "0.95", "--bootstrap-method", "percentile", "--quantisation-per-channel",
+        "--quantisation-max-upos-drop", "100", "--quantisation-max-differing-percent", "100",
+        "--threads", "1", "--out", "results/writeback/quantisation.csv", "--provenance", fragment) == 0
+    assert runner("provenance")(
+        "crate", "--base", ".", "--workflow", "Snakefile", "--citation", "CITATION.cff",
+        "--license", "LICENSE", "--readme", "README.md", "--out", crate.CRATE_NAME, "--provenance",
+        "provenance/provenance/provenance_crate.md", fragment) == 0
+    listed = crate.files_of(json.loads(Path(crate.CRATE_NAME).read_text(encoding="utf-8")))
+    manifest = json.loads((run_dir / "int8" / variants.MANIFEST).read_text(encoding="utf-8"))
+    variant = {f"{run_dir}/int8/{e['path']}": e["sha256"] for e in manifest["files"]}
+    assert len(variant) == 2
+    for path, sha256 in variant.items():
+        assert listed[path]["sha256"] == sha256
+    assert listed[f"{run_dir}/int8/{variants.MANIFEST}"]["sha256"] == files.sha256_file(
+        run_dir / "int8" / variants.MANIFEST)
