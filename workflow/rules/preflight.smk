@@ -47,7 +47,8 @@ rule preflight_check:
 
 
 # The verdict apart from the table, so that a failing preflight keeps its table (Snakemake deletes a failed
-# job's outputs). No output: as a target it runs every time.
+# job's outputs). No output: as a target it runs every time. Its lines are printed once: by `cat` when
+# they pass, by the profile's show-failed-logs when they fail (a `tee` printed them twice).
 rule preflight:
     input:
         table=rules.preflight_check.output.table,
@@ -57,7 +58,7 @@ rule preflight:
     conda:
         CONDA_ENV
     shell:
-        "encoder-study preflight verdict --table {input.table:q} 2>&1 | tee {log:q}"
+        "encoder-study preflight verdict --table {input.table:q} > {log:q} 2>&1 && cat {log:q}"
 
 
 THREADS_KEY["preflight_device"] = THREADS_KEY.get("student_distill", "threads.default")
