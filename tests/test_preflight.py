@@ -181,6 +181,23 @@ def test_a_full_disk_is_one_line(hub):
     assert roomy.status == "ok"
 
 
+@pytest.mark.parametrize("architecture", ["config/models/bert-tiny.json", "config/models/modernbert-tiny.json",
+                                          "config/models/xlmr-tiny.json"])
+def test_a_twins_disk_is_counted_from_its_shapes_as_the_build_makes_it(architecture, tmp_path, hub):
+    """A rehearsal's twins are BGE-M3's size: their snapshot and export count in the disk estimate, from
+    a parameter count on the meta device that equals what encoders.tiny.build makes."""
+    from encoder_study.encoders import tiny
+
+    built = tiny.build(architecture, 0, tmp_path / "twin")["parameters"]
+    assert plan.twin_parameters(architecture) == built
+    sizes = remote.Sizes()
+    checks = checks_of(config(hub, models=[{"name": "twin", "source": "tiny", "architecture": architecture,
+                                            "seed": 0}]), sizes)
+    twin = next(c for c in checks if c.what == "tiny model twin")
+    assert twin.status == "ok" and f"{built:,} parameters" in twin.found
+    assert sizes.exports["twin"] == 8 * built
+
+
 def test_an_unreachable_host_is_one_line_and_ends_at_once(monkeypatch, no_network):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:1")  # nothing listens: refused
     models = [{"name": n, "source": "hf", "repo": f"org/{n}", "revision": COMMIT} for n in ("a", "b", "c")]
@@ -253,8 +270,12 @@ def test_the_rehearsal_passes_offline_and_writes_the_table(tmp_path):
     done = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "preflight", "--configfile",
                            "config/paper.yaml", "config/rehearsal.yaml"], cwd=copy, env=env,
                           capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
     table = json.loads((copy / "results/preflight/preflight.json").read_text())
     statuses = {c["what"]: c["status"] for c in table["checks"]}
+    # The twins' snapshots and exports (about 9.2 GB) count: a machine with less free space is told so.
+    roomy = shutil.disk_usage(copy).free > 10 * 10**9
+    assert done.returncode == (0 if roomy else 1), done.stdout + done.stderr
+    assert statuses.pop("disk") == ("ok" if roomy else "fail")
     assert statuses["local stream wikimedia/wikipedia"] == "ok" and "fail" not in statuses.values()
+    assert statuses["tiny model bge-m3"] == "ok"
     assert (copy / "results/preflight/preflight.md").is_file()

