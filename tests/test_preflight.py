@@ -181,8 +181,8 @@ def test_a_full_disk_is_one_line(hub):
     assert roomy.status == "ok"
 
 
-@pytest.mark.parametrize("architecture", ["config/models/bert-tiny.json", "config/models/modernbert-tiny.json",
-                                          "config/models/xlmr-tiny.json"])
+@pytest.mark.parametrize("architecture", [f"config/models/{name}.json"
+                                          for name in ("bert-tiny", "modernbert-tiny", "xlmr-tiny")])
 def test_a_twins_disk_is_counted_from_its_shapes_as_the_build_makes_it(architecture, tmp_path, hub):
     """A rehearsal's twins are BGE-M3's size: their snapshot and export count in the disk estimate, from
     a parameter count on the meta device that equals what encoders.tiny.build makes."""
