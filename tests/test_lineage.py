@@ -207,6 +207,7 @@ def test_a_fragment_names_one_file_with_every_installed_distribution(tmp_path):
 
 
 def test_verify_env_compares_every_distribution(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # --base .: not the checkout, whose finished run has a crate of its own
     frag = _fragment(tmp_path)
     root = str(tmp_path / "provenance")
     assert command("verify", "--root", root, "--base", ".", "--env") == 0

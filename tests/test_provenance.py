@@ -48,7 +48,8 @@ def test_fragments_record_the_cores_this_process_may_use(monkeypatch):
     assert provenance.machine()["cores"] == "3"
 
 
-def test_verify_passes_then_names_a_changed_and_a_missing_file(tmp_path):
+def test_verify_passes_then_names_a_changed_and_a_missing_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --base .: not the checkout, whose finished run has a crate of its own
     frag, inp, data = _fragment(tmp_path)
     root = tmp_path / "provenance"
     assert verify(root, ".") == []
@@ -199,9 +200,10 @@ def test_environment_differences_name_each_package_and_python(tmp_path):
                                               python="3.11.0") == []
 
 
-def test_verify_env_passes_on_this_environment_and_fails_on_an_edited_record(tmp_path, capsys):
+def test_verify_env_passes_on_this_environment_and_fails_on_an_edited_record(tmp_path, capsys, monkeypatch):
     import json
 
+    monkeypatch.chdir(tmp_path)  # --base .: not the checkout, whose finished run has a crate of its own
     frag, _, _ = _fragment(tmp_path)
     root = tmp_path / "provenance"
     assert command("verify", "--root", str(root), "--base", ".", "--env") == 0
