@@ -6,6 +6,7 @@ weights file, a moved URL, an unpinned URL (a warning), a full disk; an unreacha
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import threading
@@ -272,8 +273,14 @@ def test_the_rehearsal_passes_offline_and_writes_the_table(tmp_path):
                           capture_output=True, text=True, timeout=300)
     table = json.loads((copy / "results/preflight/preflight.json").read_text())
     statuses = {c["what"]: c["status"] for c in table["checks"]}
-    # The twins' snapshots and exports (about 9.2 GB) count: a machine with less free space is told so.
-    roomy = shutil.disk_usage(copy).free > 10 * 10**9
+    # The twins' snapshots and exports count (about 9.2 GB): twice 4 bytes per parameter each check
+    # names, and a machine with less free space than that is told so.
+    found = {c["what"]: c["found"] for c in table["checks"]}
+    counts = [int(re.search(r"([\d,]+) parameters", found[f"tiny model {n}"]).group(1).replace(",", ""))
+              for n in ("xlm-roberta-base", "mmbert-base", "bge-m3")]
+    need = int(re.search(r"\(([\d,]+) bytes\) needed", found["disk"]).group(1).replace(",", ""))
+    assert need == 8 * sum(counts) and sum(counts) > 10**9
+    roomy = shutil.disk_usage(copy).free >= need
     assert done.returncode == (0 if roomy else 1), done.stdout + done.stderr
     assert statuses.pop("disk") == ("ok" if roomy else "fail")
     assert statuses["local stream wikimedia/wikipedia"] == "ok" and "fail" not in statuses.values()

@@ -7,6 +7,7 @@ the retrieval variant's gate on the edge cases."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,11 @@ import onnx
 import pytest
 from test_writeback_graph import finetuned
 
-from conftest import cli_runner
+from conftest import ROOT, cli_runner, runner
 from encoder_study.core import files, tables
 from encoder_study.data import conllu
 from encoder_study.onnx import quantise as quantiser
-from encoder_study.provenance import twin
+from encoder_study.provenance import crate, twin
 from encoder_study.provenance.records import read_record
 from encoder_study.recipes import writeback
 from encoder_study.recipes.retrieval import quantise as retrieval_quantise
@@ -209,11 +210,6 @@ def test_predict_tags_with_the_published_variant_and_says_when_there_is_none(wri
 def test_the_run_crate_lists_the_published_variant_with_its_sha256(written, tmp_path, monkeypatch):
     """End to end, as `all` does it: the job run with paths relative to the working directory, then the
     run crate built from its fragment lists every file of the int8 folder with the manifest's SHA-256."""
-    import shutil
-
-    from conftest import ROOT, runner
-    from encoder_study.provenance import crate
-
     monkeypatch.chdir(tmp_path)
     for name in ("Snakefile", "LICENSE", "README.md", "CITATION.cff"):
         shutil.copy2(ROOT / name, tmp_path / name)
